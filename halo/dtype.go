@@ -1,0 +1,190 @@
+package halo
+
+import (
+	"fmt"
+	"math"
+	"unsafe"
+)
+
+// DType is the element type of a tensor. Values match include/halo.h.
+type DType int32
+
+const (
+	Float32  DType = 0
+	Float64  DType = 1
+	Float16  DType = 2
+	BFloat16 DType = 3
+)
+
+// Size is the element size in bytes, 0 for an unknown dtype.
+func (d DType) Size() int {
+	switch d {
+	case Float32:
+		return 4
+	case Float64:
+		return 8
+	case Float16, BFloat16:
+		return 2
+	}
+	return 0
+}
+
+func (d DType) String() string {
+	switch d {
+	case Float32:
+		return "float32"
+	case Float64:
+		return "float64"
+	case Float16:
+		return "float16"
+	case BFloat16:
+		return "bfloat16"
+	}
+	return fmt.Sprintf("dtype(%d)", int32(d))
+}
+
+// ParseDType accepts the names people type: float32/f32/fp32, bf16, ...
+func ParseDType(s string) (DType, error) {
+	switch s {
+	case "float32", "f32", "fp32", "float":
+		return Float32, nil
+	case "float64", "f64", "fp64", "double":
+		return Float64, nil
+	case "float16", "f16", "fp16", "half":
+		return Float16, nil
+	case "bfloat16", "bf16":
+		return BFloat16, nil
+	}
+	return 0, fmt.Errorf("unknown dtype %q (want float32, float64, float16 or bfloat16)", s)
+}
+
+// addInto computes dst[i] = dst[i] + src[i] for n elements, rounding as
+// PyTorch's CPU add does: float16 and bfloat16 are widened to float32, added
+// in float32 and rounded to nearest-even, so results are bit-identical to
+// torch's add_.
+func addInto(d DType, dst, src unsafe.Pointer, n int) {
+	switch d {
+	case Float32:
+		a, b := unsafe.Slice((*float32)(dst), n), unsafe.Slice((*float32)(src), n)
+		for i := range a {
+			a[i] += b[i]
+		}
+	case Float64:
+		a, b := unsafe.Slice((*float64)(dst), n), unsafe.Slice((*float64)(src), n)
+		for i := range a {
+			a[i] += b[i]
+		}
+	case Float16:
+		a, b := unsafe.Slice((*uint16)(dst), n), unsafe.Slice((*uint16)(src), n)
+		for i := range a {
+			a[i] = F32ToF16(f16Table[a[i]] + f16Table[b[i]])
+		}
+	case BFloat16:
+		a, b := unsafe.Slice((*uint16)(dst), n), unsafe.Slice((*uint16)(src), n)
+		for i := range a {
+			a[i] = F32ToBF16(BF16ToF32(a[i]) + BF16ToF32(b[i]))
+		}
+	}
+}
+
+// addZero computes dst[i] = dst[i] + 0 for n elements: what the reference
+// does to boundary slices that no neighbour sent a gradient for (it adds a
+// zero tensor). It only changes -0.0 into +0.0, but bit-identical means it.
+func addZero(d DType, dst unsafe.Pointer, n int) {
+	switch d {
+	case Float32:
+		a := unsafe.Slice((*float32)(dst), n)
+		for i := range a {
+			a[i] += 0
+		}
+	case Float64:
+		a := unsafe.Slice((*float64)(dst), n)
+		for i := range a {
+			a[i] += 0
+		}
+	case Float16:
+		a := unsafe.Slice((*uint16)(dst), n)
+		for i := range a {
+			a[i] = F32ToF16(f16Table[a[i]] + 0)
+		}
+	case BFloat16:
+		a := unsafe.Slice((*uint16)(dst), n)
+		for i := range a {
+			a[i] = F32ToBF16(BF16ToF32(a[i]) + 0)
+		}
+	}
+}
+
+var f16Table = func() (t [1 << 16]float32) {
+	for i := range t {
+		t[i] = f16ToF32Slow(uint16(i))
+	}
+	return
+}()
+
+// F16ToF32 widens an IEEE binary16 value exactly.
+func F16ToF32(h uint16) float32 { return f16Table[h] }
+
+func f16ToF32Slow(h uint16) float32 {
+	sign := uint32(h&0x8000) << 16
+	exp := uint32(h>>10) & 0x1f
+	man := uint32(h & 0x3ff)
+	switch {
+	case exp == 0: // zero or subnormal: man * 2^-24, exact in float32
+		v := float32(man) * (1.0 / (1 << 24))
+		return math.Float32frombits(math.Float32bits(v) | sign)
+	case exp == 0x1f:
+		return math.Float32frombits(sign | 0x7f800000 | man<<13)
+	}
+	return math.Float32frombits(sign | (exp+112)<<23 | man<<13)
+}
+
+// F32ToF16 rounds to nearest-even; NaN becomes 0x7e00 with the sign kept,
+// as PyTorch's conversion does.
+func F32ToF16(f float32) uint16 {
+	b := math.Float32bits(f)
+	sign := uint16(b>>16) & 0x8000
+	exp := int32(b>>23) & 0xff
+	man := b & 0x7fffff
+	if exp == 0xff {
+		if man != 0 {
+			return sign | 0x7e00
+		}
+		return sign | 0x7c00
+	}
+	e := exp - 112 // rebias 127 -> 15
+	if e >= 0x1f {
+		return sign | 0x7c00
+	}
+	if e <= 0 { // half subnormal (or zero)
+		s := uint32(126 - exp)
+		if s >= 25 {
+			return sign
+		}
+		m := man | 0x800000
+		h := m >> s
+		rem, half := m&(1<<s-1), uint32(1)<<(s-1)
+		if rem > half || (rem == half && h&1 == 1) {
+			h++
+		}
+		return sign | uint16(h)
+	}
+	h := uint32(e)<<10 | man>>13
+	rem := man & 0x1fff
+	if rem > 0x1000 || (rem == 0x1000 && h&1 == 1) {
+		h++ // a carry into the exponent (or to infinity) is right
+	}
+	return sign | uint16(h)
+}
+
+// BF16ToF32 widens a bfloat16 value exactly.
+func BF16ToF32(h uint16) float32 { return math.Float32frombits(uint32(h) << 16) }
+
+// F32ToBF16 rounds to nearest-even; NaN becomes 0x7fc0, as PyTorch's does.
+func F32ToBF16(f float32) uint16 {
+	if f != f {
+		return 0x7fc0
+	}
+	b := math.Float32bits(f)
+	return uint16((b + 0x7fff + (b>>16)&1) >> 16)
+}

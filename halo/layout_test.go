@@ -1,0 +1,214 @@
+package halo
+
+import (
+	"math"
+	"math/rand"
+	"testing"
+)
+
+// The walk must visit exactly the elements of the box, in logical row-major
+// order, for every operand at once.
+func TestWalkAgainstBruteForce(t *testing.T) {
+	rng := rand.New(rand.NewSource(3))
+	for it := 0; it < 2000; it++ {
+		nd := 1 + rng.Intn(6)
+		shape := make([]int64, nd)
+		for i := range shape {
+			shape[i] = int64(rng.Intn(4))
+			if rng.Intn(5) > 0 && shape[i] == 0 {
+				shape[i] = 1
+			}
+		}
+		k := 1 + rng.Intn(3)
+		strides := make([][]int64, k)
+		base := make([]int64, k)
+		for j := range strides {
+			strides[j] = randomStrides(rng, shape)
+			base[j] = int64(rng.Intn(10))
+		}
+		w := newWalk(shape, strides, base)
+		var got [][]int64
+		w.each(func(off []int64) {
+			for e := int64(0); e < w.run; e++ {
+				o := make([]int64, k)
+				for j := range o {
+					o[j] = off[j] + e // runs are contiguous in every operand
+				}
+				got = append(got, o)
+			}
+		})
+		total := numel(shape)
+		if int64(len(got)) != total || w.runs()*w.run != total {
+			t.Fatalf("shape %v strides %v: visited %d elements (runs %d x %d), want %d", shape, strides, len(got), w.runs(), w.run, total)
+		}
+		idx := make([]int64, nd)
+		for i := int64(0); i < total; i++ {
+			unravel(shape, i, idx)
+			for j := range strides {
+				if want := base[j] + offsetOf(idx, strides[j]); got[i][j] != want {
+					t.Fatalf("shape %v strides %v: element %d operand %d at %d, want %d", shape, strides, i, j, got[i][j], want)
+				}
+			}
+		}
+		if k == 1 && total > 0 {
+			segs := w.segments(4)
+			var n int64
+			for _, s := range segs {
+				n += s.Len
+			}
+			if n != total*4 {
+				t.Fatalf("segments cover %d bytes, want %d", n, total*4)
+			}
+		}
+	}
+}
+
+func TestWalkCoalesces(t *testing.T) {
+	// A slab of a contiguous 5-d tensor along dim 2 is one run per outer index.
+	shape := []int64{2, 3, 4, 5, 6}
+	st := ContiguousStrides(shape)
+	box := []int64{2, 3, 1, 5, 6}
+	w := newWalk(box, [][]int64{st}, []int64{2 * st[2]})
+	if w.runs() != 6 || w.run != 30 {
+		t.Fatalf("runs %d of %d, want 6 of 30", w.runs(), w.run)
+	}
+	// Along dim 0 a slab is a single run.
+	box = []int64{1, 3, 4, 5, 6}
+	if w := newWalk(box, [][]int64{st}, []int64{st[0]}); w.runs() != 1 || w.run != 360 {
+		t.Fatalf("runs %d of %d, want 1 of 360", w.runs(), w.run)
+	}
+}
+
+func TestCheckStrides(t *testing.T) {
+	ok := [][2][]int64{
+		{{2, 3}, {3, 1}}, {{2, 3}, {1, 2}}, {{2, 3}, {4, 1}}, {{1, 3}, {0, 1}}, {{2, 0}, {0, 0}},
+	}
+	for _, c := range ok {
+		if err := checkStrides(c[0], c[1], 4, true); err != nil {
+			t.Errorf("%v %v: %v", c[0], c[1], err)
+		}
+	}
+	bad := [][2][]int64{{{2, 3}, {2, 1}}, {{2, 3}, {0, 1}}, {{2, 3}, {1, 1}}}
+	for _, c := range bad {
+		if err := checkStrides(c[0], c[1], 4, true); err == nil {
+			t.Errorf("%v %v: overlap not detected", c[0], c[1])
+		}
+	}
+	if _, err := extent([]int64{1 << 62, 4}, []int64{4, 1}, 4); err == nil {
+		t.Error("overflow not detected")
+	}
+}
+
+// Every halo slot of every rank is filled by exactly its owner (or is
+// padding), and what each rank sends is what the others expect.
+func TestPartitionAgainstBruteForce(t *testing.T) {
+	rng := rand.New(rand.NewSource(4))
+	for it := 0; it < 3000; it++ {
+		W := 1 + rng.Intn(7)
+		lengths := make([]int64, W)
+		for r := range lengths {
+			lengths[r] = int64(rng.Intn(6))
+		}
+		L, R := int64(rng.Intn(12)), int64(rng.Intn(12))
+		p := newPartition(lengths)
+		owner := func(P int64) int {
+			for q := 0; q < W; q++ {
+				if P >= p.off[q] && P < p.off[q]+lengths[q] {
+					return q
+				}
+			}
+			return -1
+		}
+		sent := map[message]int{}
+		for r := 0; r < W; r++ {
+			for _, m := range p.outgoing(r, L, R) {
+				sent[m]++
+			}
+		}
+		for s := 0; s < W; s++ {
+			from := map[int64]int{}
+			for _, m := range p.incoming(s, L, R) {
+				if m.dst != s || m.src == s || sent[m] != 1 {
+					t.Fatalf("lengths %v L %d R %d: message %+v not sent exactly once", lengths, L, R, m)
+				}
+				delete(sent, m)
+				for P := m.lo; P < m.hi; P++ {
+					from[P] = m.src
+				}
+			}
+			padL, padR := p.padding(s, L, R)
+			var gotPadL, gotPadR int64
+			for P := p.off[s] - L; P < p.off[s]+lengths[s]+R; P++ {
+				if P >= p.off[s] && P < p.off[s]+lengths[s] {
+					continue
+				}
+				q, ok := from[P]
+				switch o := owner(P); {
+				case o < 0 && ok:
+					t.Fatalf("padding slot %d of rank %d received from %d", P, s, q)
+				case o < 0 && P < 0:
+					gotPadL++
+				case o < 0:
+					gotPadR++
+				case !ok || q != o:
+					t.Fatalf("lengths %v L %d R %d: rank %d slot %d from %d (ok %v), owner %d", lengths, L, R, s, P, q, ok, o)
+				}
+			}
+			if gotPadL != padL || gotPadR != padR {
+				t.Fatalf("lengths %v L %d R %d rank %d: padding %d,%d want %d,%d", lengths, L, R, s, padL, padR, gotPadL, gotPadR)
+			}
+		}
+		if len(sent) != 0 {
+			t.Fatalf("lengths %v L %d R %d: sent but never received: %v", lengths, L, R, sent)
+		}
+	}
+}
+
+func TestFloat16Conversions(t *testing.T) {
+	for h := 0; h < 1<<16; h++ {
+		f := F16ToF32(uint16(h))
+		if f != f {
+			if got := F32ToF16(f); got != uint16(h)&0x8000|0x7e00 {
+				t.Fatalf("NaN %#x -> %#x", h, got)
+			}
+			continue
+		}
+		if got := F32ToF16(f); got != uint16(h) {
+			t.Fatalf("round trip %#x -> %v -> %#x", h, f, got)
+		}
+	}
+	// Rounding against float64 arithmetic: nearest, ties to even.
+	rng := rand.New(rand.NewSource(5))
+	for i := 0; i < 200000; i++ {
+		f := math.Float32frombits(rng.Uint32())
+		if f != f || math.Abs(float64(f)) > 65520 {
+			continue
+		}
+		h := F32ToF16(f)
+		best, bestErr := uint16(0), math.Inf(1)
+		for _, c := range []uint16{h - 1, h, h + 1} {
+			v := float64(F16ToF32(c))
+			if e := math.Abs(v - float64(f)); e < bestErr || (e == bestErr && c&1 == 0) {
+				best, bestErr = c, e
+			}
+		}
+		if best != h && !(h&0x7fff == 0 && best&0x7fff == 0) {
+			t.Fatalf("%v -> %#x, nearest-even is %#x", f, h, best)
+		}
+	}
+	if F32ToF16(65520) != 0x7c00 || F32ToF16(65519) != 0x7bff {
+		t.Fatal("overflow threshold")
+	}
+}
+
+func TestBFloat16Conversions(t *testing.T) {
+	cases := map[uint32]uint16{
+		0x3f800000: 0x3f80, 0x3f808000: 0x3f80, 0x3f818000: 0x3f82, 0x3f808001: 0x3f81,
+		0x7f7fffff: 0x7f80, 0x80000000: 0x8000, 0x7fc00001: 0x7fc0, 0xffc00000: 0x7fc0,
+	}
+	for in, want := range cases {
+		if got := F32ToBF16(math.Float32frombits(in)); got != want {
+			t.Errorf("%#x -> %#x, want %#x", in, got, want)
+		}
+	}
+}

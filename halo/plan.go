@@ -1,0 +1,404 @@
+package halo
+
+import (
+	"encoding/binary"
+	"fmt"
+	"strings"
+	"time"
+	"unsafe"
+)
+
+// Padding says what fills halo slices outside the global sequence.
+type Padding int32
+
+const (
+	PadZeros Padding = 0 // the reference's behaviour
+)
+
+// Spec is the local layout a plan is made for. Strides are in elements; nil
+// means contiguous. The out tensor has x's shape with Left+Right more slices
+// along Dim; the gradient tensors have the shapes of out and x.
+type Spec struct {
+	DType          DType
+	Shape          []int64
+	XStrides       []int64
+	OutStrides     []int64
+	GradOutStrides []int64 // nil: same as OutStrides
+	GradXStrides   []int64 // nil: same as XStrides
+	Dim            int
+	Left, Right    int64
+	Padding        Padding
+}
+
+// OutShape is the shape of the forward output.
+func (s *Spec) OutShape() []int64 {
+	o := append([]int64(nil), s.Shape...)
+	if s.Dim >= 0 && s.Dim < len(o) {
+		o[s.Dim] += s.Left + s.Right
+	}
+	return o
+}
+
+// Plan is a halo exchange for one layout, made once and run every step.
+type Plan struct {
+	g      *Group
+	id     uint32
+	spec   Spec
+	elem   int
+	part   partition
+	closed bool
+
+	fwd, bwd schedule
+}
+
+// schedule is one direction's prepared work. Bases of its batch: 0 and 1
+// are the call's source and destination tensors, then one per staging buffer.
+type schedule struct {
+	batch    Batch
+	bases    []uintptr
+	staging  []Buffer
+	pack     []staged // before Post: staging <- source
+	unpack   []staged // after Wait: destination <- staging
+	add      []staged // after Wait, in order: destination += staging
+	zero     []walk   // destination slices to clear (forward padding)
+	addZero  []walk   // destination slices to add +0 to (see addZero)
+	interior walk     // destination <- source, unless they alias
+	alias    int64    // byte offset of the source inside the destination when aliased
+	srcExt   int64    // byte extents, for the overlap check
+	dstExt   int64
+	recvs    int      // receive ops, for error messages
+}
+
+type staged struct {
+	w   walk // operand 0 is the destination
+	buf int  // staging index
+}
+
+// NewPlan creates a plan collectively: every rank of the group calls it with
+// its own shard, in the same order relative to other plans. The ranks
+// exchange their layouts and any disagreement fails creation on all of them.
+func (g *Group) NewPlan(spec Spec) (*Plan, error) {
+	if err := g.usable(); err != nil {
+		return nil, err
+	}
+	if err := spec.validate(); err != nil {
+		return nil, fmt.Errorf("%w: rank %d: %v", ErrInvalid, g.Rank(), err)
+	}
+	spec = spec.normalized()
+	p := &Plan{g: g, id: g.nextPlan, spec: spec, elem: spec.DType.Size()}
+	g.nextPlan++
+	lengths, err := p.agree()
+	if err != nil {
+		return nil, err
+	}
+	p.part = newPartition(lengths)
+	if err := p.build(); err != nil {
+		p.Close()
+		return nil, err
+	}
+	return p, nil
+}
+
+func (s *Spec) validate() error {
+	nd := len(s.Shape)
+	if nd < 1 || nd > MaxDims {
+		return fmt.Errorf("ndim %d is out of range [1, %d]", nd, MaxDims)
+	}
+	if s.DType.Size() == 0 {
+		return fmt.Errorf("unknown dtype %d", int32(s.DType))
+	}
+	if s.Dim < 0 || s.Dim >= nd {
+		return fmt.Errorf("dim %d is out of range for a %d-d tensor", s.Dim, nd)
+	}
+	if s.Left < 0 || s.Right < 0 {
+		return fmt.Errorf("halo sizes must not be negative (left %d, right %d)", s.Left, s.Right)
+	}
+	if s.Padding != PadZeros {
+		return fmt.Errorf("unknown padding %d", s.Padding)
+	}
+	for i, n := range s.Shape {
+		if n < 0 {
+			return fmt.Errorf("shape[%d] = %d is negative", i, n)
+		}
+	}
+	if s.Left > 1<<40 || s.Right > 1<<40 || s.Shape[s.Dim] > 1<<40 {
+		return fmt.Errorf("sizes along dim %d are too large (left %d, shard %d, right %d)", s.Dim, s.Left, s.Shape[s.Dim], s.Right)
+	}
+	out := s.OutShape()
+	for _, l := range []struct {
+		name     string
+		shape    []int64
+		strides  []int64
+		writable bool
+	}{
+		{"x", s.Shape, s.XStrides, false},
+		{"out", out, s.OutStrides, true},
+		{"grad_out", out, s.GradOutStrides, false},
+		{"grad_x", s.Shape, s.GradXStrides, true},
+	} {
+		if l.strides == nil {
+			if _, err := extent(l.shape, ContiguousStrides(l.shape), s.DType.Size()); err != nil {
+				return fmt.Errorf("%s of shape %v: %v", l.name, l.shape, err)
+			}
+			continue
+		}
+		if len(l.strides) != nd {
+			return fmt.Errorf("%s has %d strides for %d dims", l.name, len(l.strides), nd)
+		}
+		if err := checkStrides(l.shape, l.strides, s.DType.Size(), l.writable); err != nil {
+			return fmt.Errorf("%s of shape %v: %v", l.name, l.shape, err)
+		}
+	}
+	return nil
+}
+
+func (s Spec) normalized() Spec {
+	s.Shape = append([]int64(nil), s.Shape...)
+	or := func(a, b []int64) []int64 {
+		if a == nil {
+			return append([]int64(nil), b...)
+		}
+		return append([]int64(nil), a...)
+	}
+	s.XStrides = or(s.XStrides, ContiguousStrides(s.Shape))
+	s.OutStrides = or(s.OutStrides, ContiguousStrides(s.OutShape()))
+	s.GradOutStrides = or(s.GradOutStrides, s.OutStrides)
+	s.GradXStrides = or(s.GradXStrides, s.XStrides)
+	return s
+}
+
+// Plan metadata record, fixed size so every receive knows its length.
+const (
+	recordMagic   = 0x4f4c4148 // "HALO"
+	recordVersion = 1
+	recordSize    = 128
+)
+
+type record struct {
+	plan        uint32
+	dtype       DType
+	ndim, dim   int32
+	padding     Padding
+	left, right int64
+	shape       [MaxDims]int64
+}
+
+func (p *Plan) record() record {
+	r := record{plan: p.id, dtype: p.spec.DType, ndim: int32(len(p.spec.Shape)), dim: int32(p.spec.Dim),
+		padding: p.spec.Padding, left: p.spec.Left, right: p.spec.Right}
+	copy(r.shape[:], p.spec.Shape)
+	return r
+}
+
+func (r *record) encode(b []byte) {
+	le := binary.LittleEndian
+	le.PutUint32(b[0:], recordMagic)
+	le.PutUint16(b[4:], recordVersion)
+	le.PutUint32(b[8:], r.plan)
+	le.PutUint32(b[12:], uint32(r.dtype))
+	le.PutUint32(b[16:], uint32(r.ndim))
+	le.PutUint32(b[20:], uint32(r.dim))
+	le.PutUint32(b[24:], uint32(r.padding))
+	le.PutUint64(b[32:], uint64(r.left))
+	le.PutUint64(b[40:], uint64(r.right))
+	for i, n := range r.shape {
+		le.PutUint64(b[48+8*i:], uint64(n))
+	}
+}
+
+func decodeRecord(b []byte) (record, error) {
+	le := binary.LittleEndian
+	if le.Uint32(b[0:]) != recordMagic || le.Uint16(b[4:]) != recordVersion {
+		return record{}, fmt.Errorf("not a halo plan record of version %d (another program or halo version on the wire?)", recordVersion)
+	}
+	r := record{plan: le.Uint32(b[8:]), dtype: DType(le.Uint32(b[12:])), ndim: int32(le.Uint32(b[16:])),
+		dim: int32(le.Uint32(b[20:])), padding: Padding(le.Uint32(b[24:])),
+		left: int64(le.Uint64(b[32:])), right: int64(le.Uint64(b[40:]))}
+	for i := range r.shape {
+		r.shape[i] = int64(le.Uint64(b[48+8*i:]))
+	}
+	if r.ndim < 1 || r.ndim > MaxDims || r.dim < 0 || r.dim >= r.ndim {
+		return record{}, fmt.Errorf("corrupt plan record (ndim %d, dim %d)", r.ndim, r.dim)
+	}
+	return r, nil
+}
+
+// agree sends this rank's record to every other rank, receives theirs, and
+// checks that all agree. Every rank sees every record, so every rank reports
+// the same disagreement.
+func (p *Plan) agree() ([]int64, error) {
+	g, W, me := p.g, p.g.Size(), p.g.Rank()
+	recs := make([]record, W)
+	recs[me] = p.record()
+	if W > 1 {
+		buf, err := g.t.Alloc(recordSize * (W + 1))
+		if err != nil {
+			return nil, err
+		}
+		defer buf.Free()
+		mine := buf.Bytes()[W*recordSize:]
+		recs[me].encode(mine)
+		var ops []Op
+		for q := 0; q < W; q++ {
+			if q != me {
+				ops = append(ops, Op{Peer: q, Tag: tag(0, phaseSetup, q), Base: 0,
+					Segs: []Segment{{Off: int64(q * recordSize), Len: recordSize}}})
+			}
+		}
+		for q := 0; q < W; q++ {
+			if q != me {
+				ops = append(ops, Op{Peer: q, Tag: tag(0, phaseSetup, me), Send: true, Base: 0,
+					Segs: []Segment{{Off: int64(W * recordSize), Len: recordSize}}})
+			}
+		}
+		b, err := g.t.Prepare(ops)
+		if err != nil {
+			return nil, err
+		}
+		defer b.Close()
+		if err := b.Post([]uintptr{buf.Addr()}); err != nil {
+			return nil, g.fail(fmt.Errorf("rank %d: creating plan %d: %w", me, p.id, err))
+		}
+		if err := b.Wait(time.Now().Add(g.opts.Timeout)); err != nil {
+			return nil, g.fail(fmt.Errorf("rank %d: creating plan %d (every rank must create the same plans in the same order): %w", me, p.id, err))
+		}
+		for q := 0; q < W; q++ {
+			if q == me {
+				continue
+			}
+			r, err := decodeRecord(buf.Bytes()[q*recordSize:])
+			if err != nil {
+				return nil, g.fail(fmt.Errorf("rank %d: plan record from rank %d: %v", me, q, err))
+			}
+			recs[q] = r
+		}
+	}
+	if msg := disagreement(recs); msg != "" {
+		return nil, fmt.Errorf("%w on plan %d (seen by rank %d): %s", ErrMismatch, p.id, me, msg)
+	}
+	lengths := make([]int64, W)
+	for q, r := range recs {
+		lengths[q] = r.shape[r.dim]
+	}
+	return lengths, nil
+}
+
+// disagreement describes every field on which the records differ, naming the
+// ranks, or returns "".
+func disagreement(recs []record) string {
+	var parts []string
+	field := func(name string, val func(r record) string) {
+		groups := map[string][]int{}
+		var order []string
+		for q, r := range recs {
+			v := val(r)
+			if _, ok := groups[v]; !ok {
+				order = append(order, v)
+			}
+			groups[v] = append(groups[v], q)
+		}
+		if len(order) < 2 {
+			return
+		}
+		var vs []string
+		for _, v := range order {
+			vs = append(vs, fmt.Sprintf("%s on %s", v, rankList(groups[v])))
+		}
+		parts = append(parts, name+": "+strings.Join(vs, ", "))
+	}
+	field("plan number (plans created in a different order)", func(r record) string { return fmt.Sprint(r.plan) })
+	field("dtype", func(r record) string { return r.dtype.String() })
+	field("ndim", func(r record) string { return fmt.Sprint(r.ndim) })
+	field("dim", func(r record) string { return fmt.Sprint(r.dim) })
+	field("left halo", func(r record) string { return fmt.Sprint(r.left) })
+	field("right halo", func(r record) string { return fmt.Sprint(r.right) })
+	field("padding", func(r record) string { return fmt.Sprint(r.padding) })
+	if len(parts) == 0 { // same ndim and dim: compare the other dims
+		for i := 0; i < int(recs[0].ndim); i++ {
+			if i != int(recs[0].dim) {
+				field(fmt.Sprintf("shape[%d]", i), func(r record) string { return fmt.Sprint(r.shape[i]) })
+			}
+		}
+	}
+	return strings.Join(parts, "; ")
+}
+
+// rankList prints ranks compactly: "rank 3", "ranks 0-2, 5".
+func rankList(rs []int) string {
+	var s []string
+	for i := 0; i < len(rs); {
+		j := i
+		for j+1 < len(rs) && rs[j+1] == rs[j]+1 {
+			j++
+		}
+		if j > i {
+			s = append(s, fmt.Sprintf("%d-%d", rs[i], rs[j]))
+		} else {
+			s = append(s, fmt.Sprint(rs[i]))
+		}
+		i = j + 1
+	}
+	if len(rs) == 1 {
+		return "rank " + s[0]
+	}
+	return "ranks " + strings.Join(s, ", ")
+}
+
+// box returns the shape of slices [lo, hi) of a tensor along dim and the
+// element offset of the first of them.
+func (p *Plan) box(shape, strides []int64, lo, hi int64) ([]int64, int64) {
+	b := append([]int64(nil), shape...)
+	b[p.spec.Dim] = hi - lo
+	return b, lo * strides[p.spec.Dim]
+}
+
+// Close releases the plan's transport resources; it is safe to call twice.
+func (p *Plan) Close() error {
+	if p.closed {
+		return nil
+	}
+	p.closed = true
+	var first error
+	for _, s := range []*schedule{&p.fwd, &p.bwd} {
+		if s.batch != nil {
+			if err := s.batch.Close(); err != nil && first == nil {
+				first = err
+			}
+		}
+		for _, b := range s.staging {
+			if err := b.Free(); err != nil && first == nil {
+				first = err
+			}
+		}
+	}
+	return first
+}
+
+// ID is the plan's number within its group (also in its tags).
+func (p *Plan) ID() uint32 { return p.id }
+
+// Spec returns the plan's (normalized) layout.
+func (p *Plan) Spec() Spec { return p.spec }
+
+// Lengths are every rank's shard length along dim, as agreed at creation.
+func (p *Plan) Lengths() []int64 { return append([]int64(nil), p.part.n...) }
+
+// WireBytes is what this rank sends and receives in one forward pass.
+func (p *Plan) WireBytes() (sent, received int64) {
+	me := p.g.Rank()
+	slice := int64(p.elem)
+	for i, n := range p.spec.Shape {
+		if i != p.spec.Dim {
+			slice *= n
+		}
+	}
+	for _, m := range p.part.outgoing(me, p.spec.Left, p.spec.Right) {
+		sent += (m.hi - m.lo) * slice
+	}
+	for _, m := range p.part.incoming(me, p.spec.Left, p.spec.Right) {
+		received += (m.hi - m.lo) * slice
+	}
+	return
+}
+
+var _ = unsafe.Pointer(nil)

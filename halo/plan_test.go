@@ -1,0 +1,412 @@
+package halo
+
+import (
+	"errors"
+	"fmt"
+	"math/rand"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// runRanks runs fn on W goroutines, one per rank of a fresh in-memory group.
+func runRanks(t *testing.T, W int, opts GroupOptions, fn func(g *Group) error) []error {
+	t.Helper()
+	hub := NewMemHub(W)
+	errs := make([]error, W)
+	var wg sync.WaitGroup
+	for r := 0; r < W; r++ {
+		g, err := NewGroup(hub.Transport(r), opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		wg.Add(1)
+		go func(r int) {
+			defer wg.Done()
+			errs[r] = fn(g)
+		}(r)
+	}
+	wg.Wait()
+	return errs
+}
+
+type caseSpec struct {
+	W       int
+	dtype   DType
+	shape   []int64 // with dim's entry ignored
+	lengths []int64
+	dim     int
+	L, R    int64
+	inPlace bool // x inside out, grad_x inside grad_out
+	strided bool
+}
+
+func (c caseSpec) String() string {
+	return fmt.Sprintf("W=%d %v shape=%v dim=%d lengths=%v L=%d R=%d inplace=%v strided=%v",
+		c.W, c.dtype, c.shape, c.dim, c.lengths, c.L, c.R, c.inPlace, c.strided)
+}
+
+// checkCase runs forward and backward on every rank and compares each
+// output bit for bit with the oracle.
+func checkCase(t *testing.T, rng *rand.Rand, c caseSpec, opts GroupOptions) {
+	t.Helper()
+	elem := c.dtype.Size()
+	xs := make([]logical, c.W)
+	grads := make([]logical, c.W)
+	specs := make([]Spec, c.W)
+	for r := 0; r < c.W; r++ {
+		sh := append([]int64(nil), c.shape...)
+		sh[c.dim] = c.lengths[r]
+		xs[r] = logical{shape: sh, bits: make([]uint64, numel(sh))}
+		for i := range xs[r].bits {
+			xs[r].bits[i] = randomValue(rng, c.dtype)
+		}
+		osh := append([]int64(nil), sh...)
+		osh[c.dim] += c.L + c.R
+		grads[r] = logical{shape: osh, bits: make([]uint64, numel(osh))}
+		for i := range grads[r].bits {
+			grads[r].bits[i] = randomValue(rng, c.dtype)
+		}
+		s := Spec{DType: c.dtype, Shape: sh, Dim: c.dim, Left: c.L, Right: c.R}
+		if c.strided {
+			s.OutStrides = randomStrides(rng, osh)
+			s.GradOutStrides = randomStrides(rng, osh)
+			s.XStrides = randomStrides(rng, sh)
+			s.GradXStrides = randomStrides(rng, sh)
+		}
+		if c.inPlace {
+			if s.OutStrides == nil {
+				s.OutStrides = ContiguousStrides(osh)
+			}
+			s.XStrides = s.OutStrides
+			s.GradOutStrides = s.OutStrides
+			s.GradXStrides = s.OutStrides
+		}
+		specs[r] = s.normalized()
+	}
+	wantOut, wantGX := oracle(c.dtype, xs, grads, c.dim, c.L, c.R)
+	var mu sync.Mutex
+	var failures []string
+	errs := runRanks(t, c.W, opts, func(g *Group) error {
+		r := g.Rank()
+		s := specs[r]
+		p, err := g.NewPlan(s)
+		if err != nil {
+			return err
+		}
+		defer p.Close()
+		osh := s.OutShape()
+		out := newMemory(osh, s.OutStrides, elem, 64)
+		gout := newMemory(osh, s.GradOutStrides, elem, 64)
+		fill := func(m *memory) { // garbage where the plan must write
+			for i := range m.buf {
+				m.buf[i] = 0xA5
+			}
+		}
+		fill(out)
+		var x, gx *memory
+		if c.inPlace {
+			x = &memory{buf: out.buf, base: out.base + c.L*s.OutStrides[c.dim]*int64(elem), strides: s.XStrides, elem: elem}
+			x.store(xs[r])
+		} else {
+			x = newMemory(s.Shape, s.XStrides, elem, 64)
+			x.store(xs[r])
+		}
+		if err := p.Forward(x.ptr(), out.ptr()); err != nil {
+			return err
+		}
+		gout.store(grads[r])
+		if c.inPlace {
+			gx = &memory{buf: gout.buf, base: gout.base + c.L*s.GradOutStrides[c.dim]*int64(elem), strides: s.GradXStrides, elem: elem}
+		} else {
+			gx = newMemory(s.Shape, s.GradXStrides, elem, 64)
+			fill(gx)
+		}
+		if err := p.Backward(gout.ptr(), gx.ptr()); err != nil {
+			return err
+		}
+		gotOut, gotGX := out.load(osh), gx.load(s.Shape)
+		mu.Lock()
+		defer mu.Unlock()
+		for i, v := range wantOut[r].bits {
+			if gotOut.bits[i] != v {
+				failures = append(failures, fmt.Sprintf("rank %d out[%d] = %#x, want %#x", r, i, gotOut.bits[i], v))
+				break
+			}
+		}
+		for i, v := range wantGX[r].bits {
+			if gotGX.bits[i] != v {
+				failures = append(failures, fmt.Sprintf("rank %d grad_x[%d] = %#x, want %#x", r, i, gotGX.bits[i], v))
+				break
+			}
+		}
+		return nil
+	})
+	for r, err := range errs {
+		if err != nil {
+			t.Fatalf("%v: rank %d: %v", c, r, err)
+		}
+	}
+	if len(failures) > 0 {
+		t.Fatalf("%v:\n%s", c, strings.Join(failures, "\n"))
+	}
+}
+
+func randomCase(rng *rand.Rand) caseSpec {
+	c := caseSpec{W: 1 + rng.Intn(5), dtype: DType(rng.Intn(4))}
+	nd := 1 + rng.Intn(5)
+	c.shape = make([]int64, nd)
+	for i := range c.shape {
+		c.shape[i] = int64(1 + rng.Intn(4))
+	}
+	c.dim = rng.Intn(nd)
+	c.lengths = make([]int64, c.W)
+	for r := range c.lengths {
+		c.lengths[r] = int64(rng.Intn(5))
+	}
+	c.L, c.R = int64(rng.Intn(7)), int64(rng.Intn(7))
+	c.inPlace = rng.Intn(4) == 0
+	c.strided = rng.Intn(2) == 0
+	return c
+}
+
+func TestForwardBackwardRandom(t *testing.T) {
+	rng := rand.New(rand.NewSource(1))
+	n := 400
+	if testing.Short() {
+		n = 60
+	}
+	for i := 0; i < n; i++ {
+		c := randomCase(rng)
+		opts := GroupOptions{Timeout: 10 * time.Second, Transfer: Transfer(rng.Intn(3)), IOVMinSegment: int64(1 + rng.Intn(64))}
+		checkCase(t, rng, c, opts)
+	}
+}
+
+func TestReferenceCases(t *testing.T) {
+	rng := rand.New(rand.NewSource(2))
+	for _, c := range []caseSpec{
+		{W: 2, dtype: Float32, shape: []int64{2, 3, 8, 4}, lengths: []int64{8, 8}, dim: 2, L: 2, R: 0},
+		{W: 4, dtype: BFloat16, shape: []int64{1, 3, 5, 4, 4}, lengths: []int64{5, 5, 5, 5}, dim: 2, L: 1, R: 1},
+		{W: 3, dtype: Float16, shape: []int64{4, 6, 2}, lengths: []int64{6, 6, 6}, dim: 1, L: 2, R: 2},
+		{W: 3, dtype: Float64, shape: []int64{3, 1, 2}, lengths: []int64{1, 1, 1}, dim: 1, L: 3, R: 3}, // multi-hop
+		{W: 4, dtype: Float32, shape: []int64{3, 2}, lengths: []int64{0, 3, 1, 0}, dim: 0, L: 2, R: 2},  // empty shards
+		{W: 1, dtype: Float32, shape: []int64{2, 5}, lengths: []int64{5}, dim: 1, L: 2, R: 1},
+		{W: 2, dtype: Float32, shape: []int64{2, 5}, lengths: []int64{5, 5}, dim: 1, L: 0, R: 0},
+		{W: 3, dtype: Float32, shape: []int64{4, 0, 3}, lengths: []int64{3, 3, 3}, dim: 2, L: 1, R: 1}, // empty tensor
+	} {
+		for _, inPlace := range []bool{false, true} {
+			for _, strided := range []bool{false, true} {
+				c.inPlace, c.strided = inPlace, strided
+				checkCase(t, rng, c, GroupOptions{Timeout: 10 * time.Second})
+			}
+		}
+	}
+}
+
+func TestMismatchFailsEverywhere(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		edit func(r int, s *Spec)
+		want string
+	}{
+		{"dtype", func(r int, s *Spec) {
+			if r == 2 {
+				s.DType = Float16
+			}
+		}, "dtype: float32 on ranks 0-1, float16 on rank 2"},
+		{"shape", func(r int, s *Spec) {
+			if r == 1 {
+				s.Shape[0] = 7
+			}
+		}, "shape[0]: 4 on ranks 0, 2, 7 on rank 1"},
+		{"halo", func(r int, s *Spec) { s.Left = int64(r) }, "left halo: 0 on rank 0, 1 on rank 1, 2 on rank 2"},
+		{"dim", func(r int, s *Spec) {
+			if r == 0 {
+				s.Dim = 0
+			}
+		}, "dim: 0 on rank 0, 1 on ranks 1-2"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			errs := runRanks(t, 3, GroupOptions{Timeout: 5 * time.Second}, func(g *Group) error {
+				s := Spec{DType: Float32, Shape: []int64{4, 5}, Dim: 1, Left: 1, Right: 1}
+				tc.edit(g.Rank(), &s)
+				p, err := g.NewPlan(s)
+				if err == nil {
+					p.Close()
+				}
+				return err
+			})
+			for r, err := range errs {
+				if !errors.Is(err, ErrMismatch) || !strings.Contains(err.Error(), tc.want) {
+					t.Errorf("rank %d: got %v, want ErrMismatch containing %q", r, err, tc.want)
+				}
+			}
+		})
+	}
+}
+
+func TestMissingRankTimesOut(t *testing.T) {
+	start := time.Now()
+	errs := runRanks(t, 3, GroupOptions{Timeout: 300 * time.Millisecond}, func(g *Group) error {
+		if g.Rank() == 1 {
+			return nil // never creates the plan
+		}
+		_, err := g.NewPlan(Spec{DType: Float32, Shape: []int64{2, 2}, Dim: 0, Left: 1, Right: 1})
+		if err == nil {
+			return errors.New("plan creation succeeded without rank 1")
+		}
+		if !strings.Contains(err.Error(), "rank 1") {
+			return fmt.Errorf("error does not name rank 1: %v", err)
+		}
+		// The group is unusable now, and says why.
+		_, err2 := g.NewPlan(Spec{DType: Float32, Shape: []int64{2, 2}, Dim: 0})
+		if !errors.Is(err2, ErrFailed) {
+			return fmt.Errorf("second plan after failure: %v", err2)
+		}
+		return nil
+	})
+	for r, err := range errs {
+		if err != nil {
+			t.Errorf("rank %d: %v", r, err)
+		}
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Errorf("took %v for a 300ms deadline", d)
+	}
+}
+
+func TestPeerFailureDuringForward(t *testing.T) {
+	hub := NewMemHub(2)
+	g0, _ := NewGroup(hub.Transport(0), GroupOptions{Timeout: 5 * time.Second})
+	g1, _ := NewGroup(hub.Transport(1), GroupOptions{Timeout: 5 * time.Second})
+	spec := Spec{DType: Float32, Shape: []int64{4}, Dim: 0, Left: 1, Right: 1}
+	var p1 *Plan
+	done := make(chan error)
+	go func() {
+		var err error
+		p1, err = g1.NewPlan(spec)
+		done <- err
+	}()
+	p0, err := g0.NewPlan(spec)
+	if err != nil || <-done != nil {
+		t.Fatal(err)
+	}
+	defer p1.Close()
+	hub.Kill(1)
+	x, out := make([]float32, 4), make([]float32, 6)
+	err = p0.Forward(ptrOf(x), ptrOf(out))
+	if err == nil || !strings.Contains(err.Error(), "rank 1") || !strings.Contains(err.Error(), "rank 0: forward of plan 1") {
+		t.Fatalf("got %v", err)
+	}
+	if err := p0.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestInvalidSpecs(t *testing.T) {
+	hub := NewMemHub(1)
+	g, _ := NewGroup(hub.Transport(0), GroupOptions{})
+	for _, tc := range []struct {
+		spec Spec
+		want string
+	}{
+		{Spec{DType: Float32}, "ndim 0 is out of range"},
+		{Spec{DType: Float32, Shape: make([]int64, 9)}, "ndim 9 is out of range"},
+		{Spec{DType: 9, Shape: []int64{2}}, "unknown dtype 9"},
+		{Spec{DType: Float32, Shape: []int64{2, 3}, Dim: 2}, "dim 2 is out of range for a 2-d tensor"},
+		{Spec{DType: Float32, Shape: []int64{2, 3}, Dim: -1}, "dim -1 is out of range"},
+		{Spec{DType: Float32, Shape: []int64{2, 3}, Left: -1}, "must not be negative (left -1, right 0)"},
+		{Spec{DType: Float32, Shape: []int64{2, -3}}, "shape[1] = -3 is negative"},
+		{Spec{DType: Float32, Shape: []int64{2, 3}, Padding: 5}, "unknown padding 5"},
+		{Spec{DType: Float32, Shape: []int64{1 << 40, 1 << 40}, Dim: 1}, "overflows"},
+		{Spec{DType: Float32, Shape: []int64{2, 3}, XStrides: []int64{1}}, "x has 1 strides for 2 dims"},
+		{Spec{DType: Float32, Shape: []int64{2, 3}, OutStrides: []int64{1, 1}, Left: 1}, "out of shape [3 3]: strides [1 1] overlap"},
+		{Spec{DType: Float32, Shape: []int64{2, 3}, GradXStrides: []int64{-3, 1}}, "grad_x of shape [2 3]: stride[0] = -3 is negative"},
+		{Spec{DType: Float32, Shape: []int64{2, 3}, Left: 1 << 50}, "too large"},
+	} {
+		_, err := g.NewPlan(tc.spec)
+		if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), "rank 0") {
+			t.Errorf("%+v: got %v, want ErrInvalid with %q", tc.spec, err, tc.want)
+		}
+	}
+	// Broadcast (stride 0) inputs are fine to read.
+	if _, err := g.NewPlan(Spec{DType: Float32, Shape: []int64{2, 3}, XStrides: []int64{0, 1}, Left: 1}); err != nil {
+		t.Errorf("stride-0 x refused: %v", err)
+	}
+}
+
+func TestBadPointers(t *testing.T) {
+	hub := NewMemHub(1)
+	g, _ := NewGroup(hub.Transport(0), GroupOptions{})
+	p, err := g.NewPlan(Spec{DType: Float32, Shape: []int64{4, 3}, Dim: 0, Left: 1, Right: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := make([]float32, 18)
+	x := make([]float32, 12)
+	check := func(err error, want string) {
+		t.Helper()
+		if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), want) {
+			t.Errorf("got %v, want %q", err, want)
+		}
+	}
+	check(p.Forward(nil, ptrOf(out)), "x is NULL")
+	check(p.Forward(ptrOf(x), nil), "out is NULL")
+	check(p.Backward(nil, ptrOf(x)), "grad_out is NULL")
+	check(p.Forward(ptrOf(out[1:]), ptrOf(out)), "x overlaps out but is not its interior")
+	if err := p.Forward(ptrOf(out[3:]), ptrOf(out)); err != nil { // exactly the interior
+		t.Errorf("in-place forward: %v", err)
+	}
+	p.Close()
+	p.Close()
+	if err := p.Forward(ptrOf(x), ptrOf(out)); !errors.Is(err, ErrClosed) {
+		t.Errorf("forward after close: %v", err)
+	}
+}
+
+func TestConcurrentPlansKeepApart(t *testing.T) {
+	// Two plans with identical layouts: their messages must never mix, even
+	// when ranks run them in different orders.
+	errs := runRanks(t, 2, GroupOptions{Timeout: 5 * time.Second}, func(g *Group) error {
+		s := Spec{DType: Float32, Shape: []int64{4}, Dim: 0, Left: 2, Right: 2}
+		a, err := g.NewPlan(s)
+		if err != nil {
+			return err
+		}
+		b, err := g.NewPlan(s)
+		if err != nil {
+			return err
+		}
+		r := float32(g.Rank())
+		xa, xb := []float32{r, r, r, r}, []float32{10 + r, 10 + r, 10 + r, 10 + r}
+		oa, ob := make([]float32, 8), make([]float32, 8)
+		if err := a.Forward(ptrOf(xa), ptrOf(oa)); err != nil {
+			return err
+		}
+		if err := b.Forward(ptrOf(xb), ptrOf(ob)); err != nil {
+			return err
+		}
+		peer := 1 - r
+		want := func(o []float32, v float32) error {
+			halo := o[6:]
+			if g.Rank() == 1 {
+				halo = o[:2]
+			}
+			if halo[0] != v || halo[1] != v {
+				return fmt.Errorf("rank %d got halo %v, want %v", g.Rank(), halo, v)
+			}
+			return nil
+		}
+		if err := want(oa, peer); err != nil {
+			return err
+		}
+		return want(ob, 10+peer)
+	})
+	for r, err := range errs {
+		if err != nil {
+			t.Errorf("rank %d: %v", r, err)
+		}
+	}
+}
