@@ -66,7 +66,7 @@ type schedule struct {
 	alias    int64    // byte offset of the source inside the destination when aliased
 	srcExt   int64    // byte extents, for the overlap check
 	dstExt   int64
-	recvs    int      // receive ops, for error messages
+	recvs    int // receive ops, for error messages
 }
 
 type staged struct {

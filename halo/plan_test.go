@@ -191,7 +191,7 @@ func TestReferenceCases(t *testing.T) {
 		{W: 4, dtype: BFloat16, shape: []int64{1, 3, 5, 4, 4}, lengths: []int64{5, 5, 5, 5}, dim: 2, L: 1, R: 1},
 		{W: 3, dtype: Float16, shape: []int64{4, 6, 2}, lengths: []int64{6, 6, 6}, dim: 1, L: 2, R: 2},
 		{W: 3, dtype: Float64, shape: []int64{3, 1, 2}, lengths: []int64{1, 1, 1}, dim: 1, L: 3, R: 3}, // multi-hop
-		{W: 4, dtype: Float32, shape: []int64{3, 2}, lengths: []int64{0, 3, 1, 0}, dim: 0, L: 2, R: 2},  // empty shards
+		{W: 4, dtype: Float32, shape: []int64{3, 2}, lengths: []int64{0, 3, 1, 0}, dim: 0, L: 2, R: 2}, // empty shards
 		{W: 1, dtype: Float32, shape: []int64{2, 5}, lengths: []int64{5}, dim: 1, L: 2, R: 1},
 		{W: 2, dtype: Float32, shape: []int64{2, 5}, lengths: []int64{5, 5}, dim: 1, L: 0, R: 0},
 		{W: 3, dtype: Float32, shape: []int64{4, 0, 3}, lengths: []int64{3, 3, 3}, dim: 2, L: 1, R: 1}, // empty tensor
