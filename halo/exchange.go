@@ -23,7 +23,7 @@ func (p *Plan) build() error {
 	f.dstExt, _ = extent(outShape, s.OutStrides, p.elem)
 	var fops []Op
 	for _, m := range in {
-		op, err := p.recvOp(f, outShape, s.OutStrides, m.lo-off+L, m.hi-off+L, m.src, tag(p.id, phaseForward, m.src), false)
+		op, err := p.recvOp(f, outShape, s.OutStrides, m.lo-off+L, m.hi-off+L, m.src, tag(p.id, phaseForward), false)
 		if err != nil {
 			return err
 		}
@@ -32,7 +32,7 @@ func (p *Plan) build() error {
 		}
 	}
 	for _, m := range out {
-		op, err := p.sendOp(f, s.Shape, s.XStrides, m.lo-off, m.hi-off, m.dst, tag(p.id, phaseForward, me))
+		op, err := p.sendOp(f, s.Shape, s.XStrides, m.lo-off, m.hi-off, m.dst, tag(p.id, phaseForward))
 		if err != nil {
 			return err
 		}
@@ -74,7 +74,7 @@ func (p *Plan) build() error {
 			zeroLast()
 			leftDone = true
 		}
-		op, err := p.recvOp(b, s.Shape, s.GradXStrides, m.lo-off, m.hi-off, m.dst, tag(p.id, phaseBackward, m.dst), true)
+		op, err := p.recvOp(b, s.Shape, s.GradXStrides, m.lo-off, m.hi-off, m.dst, tag(p.id, phaseBackward), true)
 		if err != nil {
 			return err
 		}
@@ -90,7 +90,7 @@ func (p *Plan) build() error {
 		b.add = append(b.add, staged{w: newWalk(bx, [][]int64{s.GradXStrides}, []int64{o}), buf: -1})
 	}
 	for _, m := range in {
-		op, err := p.sendOp(b, outShape, s.GradOutStrides, m.lo-off+L, m.hi-off+L, m.src, tag(p.id, phaseBackward, me))
+		op, err := p.sendOp(b, outShape, s.GradOutStrides, m.lo-off+L, m.hi-off+L, m.src, tag(p.id, phaseBackward))
 		if err != nil {
 			return err
 		}
@@ -111,11 +111,6 @@ func (p *Plan) build() error {
 		sc.s.bases = make([]uintptr, 2+len(sc.s.staging))
 		for i, buf := range sc.s.staging {
 			sc.s.bases[2+i] = buf.Addr()
-		}
-		for _, op := range sc.ops {
-			if !op.Send {
-				sc.s.recvs++
-			}
 		}
 		if len(sc.ops) > 0 {
 			batch, err := p.g.t.Prepare(sc.ops)

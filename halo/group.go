@@ -104,16 +104,20 @@ func (g *Group) usable() error {
 	return nil
 }
 
-// Tags: plan number (24 bits) | phase (8 bits) | source rank (32 bits).
-// UCX matches on the tag alone, so the source rank must be in it; the plan
-// number keeps concurrent plans apart. Messages between two ranks with the
-// same tag are matched in order, so no step counter is needed.
+// Tags: plan number (24 bits) | phase (8 bits). The transport matches a
+// receive only with messages from its peer, so the sender is not in the tag;
+// the plan number keeps concurrent plans apart. Messages between two ranks
+// with the same tag are matched in order, so no step counter is needed.
 const (
 	phaseSetup    = 1
 	phaseForward  = 2
 	phaseBackward = 3
 )
 
-func tag(plan uint32, phase int, src int) uint64 {
-	return uint64(plan&0xffffff)<<40 | uint64(phase&0xff)<<32 | uint64(uint32(src))
+func tag(plan uint32, phase int) uint64 {
+	return uint64(plan&0xffffff)<<8 | uint64(phase&0xff)
 }
+
+// Version is the library version; include/halo.h's HALO_VERSION_STRING
+// must match (a test checks).
+const Version = "0.1.0"

@@ -66,7 +66,6 @@ type schedule struct {
 	alias    int64    // byte offset of the source inside the destination when aliased
 	srcExt   int64    // byte extents, for the overlap check
 	dstExt   int64
-	recvs    int // receive ops, for error messages
 }
 
 type staged struct {
@@ -241,13 +240,13 @@ func (p *Plan) agree() ([]int64, error) {
 		var ops []Op
 		for q := 0; q < W; q++ {
 			if q != me {
-				ops = append(ops, Op{Peer: q, Tag: tag(0, phaseSetup, q), Base: 0,
+				ops = append(ops, Op{Peer: q, Tag: tag(0, phaseSetup), Base: 0,
 					Segs: []Segment{{Off: int64(q * recordSize), Len: recordSize}}})
 			}
 		}
 		for q := 0; q < W; q++ {
 			if q != me {
-				ops = append(ops, Op{Peer: q, Tag: tag(0, phaseSetup, me), Send: true, Base: 0,
+				ops = append(ops, Op{Peer: q, Tag: tag(0, phaseSetup), Send: true, Base: 0,
 					Segs: []Segment{{Off: int64(W * recordSize), Len: recordSize}}})
 			}
 		}

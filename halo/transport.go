@@ -34,8 +34,10 @@ type Segment struct {
 	Len int64
 }
 
-// Op is one tagged message. A receive must arrive with exactly the total
-// length of its segments; anything else is an error naming the peer.
+// Op is one tagged message. A receive matches only a message from its Peer
+// with its Tag (the transport carries the sender), in the order they were
+// sent; it must arrive with exactly the total length of its segments, and
+// anything else is an error naming the peer.
 type Op struct {
 	Peer int
 	Tag  uint64

@@ -1,0 +1,306 @@
+package main
+
+/*
+#cgo CFLAGS: -I${SRCDIR}/../include
+#include <stdlib.h>
+#include <string.h>
+#include "halo.h"
+*/
+import "C"
+
+import (
+	"fmt"
+	"time"
+	"unsafe"
+
+	"github.com/halo-cp/halo/comm"
+	"github.com/halo-cp/halo/halo"
+)
+
+const (
+	commParamsKnown = C.HALO_COMM_PARAM_BOOTSTRAP | C.HALO_COMM_PARAM_RENDEZVOUS | C.HALO_COMM_PARAM_TOKEN |
+		C.HALO_COMM_PARAM_JOB_ID | C.HALO_COMM_PARAM_TIMEOUT | C.HALO_COMM_PARAM_BOOTSTRAP_TIMEOUT
+	planParamsKnown = C.HALO_PLAN_PARAM_X_STRIDES | C.HALO_PLAN_PARAM_OUT_STRIDES | C.HALO_PLAN_PARAM_GRAD_OUT_STRIDES |
+		C.HALO_PLAN_PARAM_GRAD_X_STRIDES | C.HALO_PLAN_PARAM_PADDING
+)
+
+func invalid(format string, args ...any) error {
+	return fmt.Errorf("%w: "+format, append([]any{halo.ErrInvalid}, args...)...)
+}
+
+// cString reads an optional string field: set in the mask but NULL is an error.
+func cString(mask C.uint64_t, bit C.uint64_t, p *C.char, name string) (string, error) {
+	if mask&bit == 0 {
+		return "", nil
+	}
+	if p == nil {
+		return "", invalid("params->%s is NULL but its field_mask bit is set", name)
+	}
+	return C.GoString(p), nil
+}
+
+func cMillis(mask C.uint64_t, bit C.uint64_t, v C.int64_t, name string) (time.Duration, error) {
+	if mask&bit == 0 {
+		return 0, nil
+	}
+	if v <= 0 || v > 1<<40 {
+		return 0, invalid("params->%s = %d ms is out of range (1 .. 2^40)", name, int64(v))
+	}
+	return time.Duration(v) * time.Millisecond, nil
+}
+
+//export haloGoCommCreate
+func haloGoCommCreate(rank, size C.int, p *C.halo_comm_params_t, out *C.halo_comm_t, eb *C.char, el C.size_t) (rc C.int) {
+	var err error
+	defer func() { finish(&rc, recover(), err, eb, el) }()
+	err = func() error {
+		if out == nil {
+			return invalid("comm (the output pointer) is NULL")
+		}
+		cfg := comm.Config{Rank: int(rank), Size: int(size)}
+		if p != nil {
+			m := p.field_mask
+			if m&^commParamsKnown != 0 {
+				return invalid("params->field_mask has unknown bits %#x (header newer than library %s?)", uint64(m&^commParamsKnown), halo.Version)
+			}
+			if m&C.HALO_COMM_PARAM_BOOTSTRAP != 0 {
+				cfg.Bootstrap = comm.Bootstrap(p.bootstrap)
+			}
+			var e error
+			if cfg.Rendezvous, e = cString(m, C.HALO_COMM_PARAM_RENDEZVOUS, p.rendezvous, "rendezvous"); e != nil {
+				return e
+			}
+			if cfg.Token, e = cString(m, C.HALO_COMM_PARAM_TOKEN, p.token, "token"); e != nil {
+				return e
+			}
+			if cfg.Job, e = cString(m, C.HALO_COMM_PARAM_JOB_ID, p.job_id, "job_id"); e != nil {
+				return e
+			}
+			if cfg.Timeout, e = cMillis(m, C.HALO_COMM_PARAM_TIMEOUT, p.timeout_ms, "timeout_ms"); e != nil {
+				return e
+			}
+			if cfg.BootstrapTimeout, e = cMillis(m, C.HALO_COMM_PARAM_BOOTSTRAP_TIMEOUT, p.bootstrap_timeout_ms, "bootstrap_timeout_ms"); e != nil {
+				return e
+			}
+		}
+		c, err := comm.New(cfg)
+		if err != nil {
+			return err
+		}
+		registry.Lock()
+		h := newHandle(kindComm)
+		registry.comms[h] = &commEntry{c: c, plans: map[uintptr]*planEntry{}}
+		registry.Unlock()
+		*out = *(*C.halo_comm_t)(unsafe.Pointer(&h)) // a number, never dereferenced
+		return nil
+	}()
+	return
+}
+
+//export haloGoCommGetAddress
+func haloGoCommGetAddress(h C.uintptr_t, addr *unsafe.Pointer, length *C.size_t, eb *C.char, el C.size_t) (rc C.int) {
+	var err error
+	defer func() { finish(&rc, recover(), err, eb, el) }()
+	err = func() error {
+		e, err := lookupComm(uintptr(h))
+		if err != nil {
+			return err
+		}
+		if addr == nil || length == nil {
+			return invalid("address or length (output pointers) is NULL")
+		}
+		registry.Lock()
+		defer registry.Unlock()
+		a := e.c.Address()
+		if e.address == nil {
+			e.address = C.CBytes(a)
+		}
+		*addr, *length = e.address, C.size_t(len(a))
+		return nil
+	}()
+	return
+}
+
+//export haloGoCommConnect
+func haloGoCommConnect(h C.uintptr_t, addrs *unsafe.Pointer, lens *C.size_t, eb *C.char, el C.size_t) (rc C.int) {
+	var err error
+	defer func() { finish(&rc, recover(), err, eb, el) }()
+	err = func() error {
+		e, err := lookupComm(uintptr(h))
+		if err != nil {
+			return err
+		}
+		if addrs == nil || lens == nil {
+			return invalid("addresses or lengths is NULL")
+		}
+		W := e.c.Size()
+		ps, ls := unsafe.Slice(addrs, W), unsafe.Slice(lens, W)
+		all := make([][]byte, W)
+		for r := 0; r < W; r++ {
+			if ps[r] == nil || ls[r] == 0 || ls[r] > 1<<20 {
+				return invalid("rank %d: address of rank %d is NULL or has a bad length (%d)", e.c.Rank(), r, uint64(ls[r]))
+			}
+			all[r] = C.GoBytes(ps[r], C.int(ls[r]))
+		}
+		return e.c.Connect(all)
+	}()
+	return
+}
+
+//export haloGoCommGetRank
+func haloGoCommGetRank(h C.uintptr_t, rank, size *C.int, eb *C.char, el C.size_t) (rc C.int) {
+	var err error
+	defer func() { finish(&rc, recover(), err, eb, el) }()
+	err = func() error {
+		e, err := lookupComm(uintptr(h))
+		if err != nil {
+			return err
+		}
+		if rank == nil || size == nil {
+			return invalid("rank or world_size (output pointers) is NULL")
+		}
+		*rank, *size = C.int(e.c.Rank()), C.int(e.c.Size())
+		return nil
+	}()
+	return
+}
+
+//export haloGoCommDestroy
+func haloGoCommDestroy(h C.uintptr_t, eb *C.char, el C.size_t) (rc C.int) {
+	var err error
+	defer func() { finish(&rc, recover(), err, eb, el) }()
+	err = func() error {
+		registry.Lock()
+		e, ok := registry.comms[uintptr(h)]
+		if !ok {
+			registry.Unlock()
+			return badHandle(uintptr(h), "communicator", kindComm)
+		}
+		delete(registry.comms, uintptr(h))
+		for ph := range e.plans {
+			delete(registry.plans, ph)
+		}
+		registry.Unlock()
+		var first error
+		for _, pe := range e.plans {
+			if err := pe.p.Close(); err != nil && first == nil {
+				first = err
+			}
+		}
+		if err := e.c.Close(); err != nil && first == nil {
+			first = err
+		}
+		if e.address != nil {
+			C.free(e.address)
+		}
+		return first
+	}()
+	return
+}
+
+// readInts copies n int64s from C; the caller has validated n.
+func readInts(p *C.int64_t, n int, name string) ([]int64, error) {
+	if p == nil {
+		return nil, invalid("params->%s is NULL", name)
+	}
+	return append([]int64(nil), unsafe.Slice((*int64)(unsafe.Pointer(p)), n)...), nil
+}
+
+//export haloGoPlanCreate
+func haloGoPlanCreate(h C.uintptr_t, p *C.halo_plan_params_t, out *C.halo_plan_t, eb *C.char, el C.size_t) (rc C.int) {
+	var err error
+	defer func() { finish(&rc, recover(), err, eb, el) }()
+	err = func() error {
+		e, err := lookupComm(uintptr(h))
+		if err != nil {
+			return err
+		}
+		if p == nil || out == nil {
+			return invalid("rank %d: params or plan (the output pointer) is NULL", e.c.Rank())
+		}
+		m := p.field_mask
+		if m&^planParamsKnown != 0 {
+			return invalid("rank %d: params->field_mask has unknown bits %#x", e.c.Rank(), uint64(m&^planParamsKnown))
+		}
+		nd := int(p.ndim)
+		if nd < 1 || nd > halo.MaxDims {
+			return invalid("rank %d: ndim %d is out of range [1, %d]", e.c.Rank(), nd, halo.MaxDims)
+		}
+		spec := halo.Spec{DType: halo.DType(p.dtype), Dim: int(p.dim), Left: int64(p.left), Right: int64(p.right)}
+		if spec.Shape, err = readInts(p.shape, nd, "shape"); err != nil {
+			return err
+		}
+		for _, s := range []struct {
+			bit  C.uint64_t
+			src  *C.int64_t
+			dst  *[]int64
+			name string
+		}{
+			{C.HALO_PLAN_PARAM_X_STRIDES, p.x_strides, &spec.XStrides, "x_strides"},
+			{C.HALO_PLAN_PARAM_OUT_STRIDES, p.out_strides, &spec.OutStrides, "out_strides"},
+			{C.HALO_PLAN_PARAM_GRAD_OUT_STRIDES, p.grad_out_strides, &spec.GradOutStrides, "grad_out_strides"},
+			{C.HALO_PLAN_PARAM_GRAD_X_STRIDES, p.grad_x_strides, &spec.GradXStrides, "grad_x_strides"},
+		} {
+			if m&s.bit != 0 {
+				if *s.dst, err = readInts(s.src, nd, s.name); err != nil {
+					return err
+				}
+			}
+		}
+		if m&C.HALO_PLAN_PARAM_PADDING != 0 {
+			spec.Padding = halo.Padding(p.padding)
+		}
+		plan, err := e.c.NewPlan(spec)
+		if err != nil {
+			return err
+		}
+		registry.Lock()
+		ph := newHandle(kindPlan)
+		pe := &planEntry{p: plan, comm: uintptr(h)}
+		registry.plans[ph] = pe
+		e.plans[ph] = pe
+		registry.Unlock()
+		*out = *(*C.halo_plan_t)(unsafe.Pointer(&ph))
+		return nil
+	}()
+	return
+}
+
+//export haloGoPlanRun
+func haloGoPlanRun(h C.uintptr_t, backward C.int, src, dst unsafe.Pointer, eb *C.char, el C.size_t) (rc C.int) {
+	var err error
+	defer func() { finish(&rc, recover(), err, eb, el) }()
+	err = func() error {
+		pe, err := lookupPlan(uintptr(h))
+		if err != nil {
+			return err
+		}
+		if backward != 0 {
+			return pe.p.Backward(src, dst)
+		}
+		return pe.p.Forward(src, dst)
+	}()
+	return
+}
+
+//export haloGoPlanDestroy
+func haloGoPlanDestroy(h C.uintptr_t, eb *C.char, el C.size_t) (rc C.int) {
+	var err error
+	defer func() { finish(&rc, recover(), err, eb, el) }()
+	err = func() error {
+		registry.Lock()
+		pe, ok := registry.plans[uintptr(h)]
+		if ok {
+			delete(registry.plans, uintptr(h))
+			if ce, ok := registry.comms[pe.comm]; ok {
+				delete(ce.plans, uintptr(h))
+			}
+		}
+		registry.Unlock()
+		if !ok {
+			return badHandle(uintptr(h), "plan", kindPlan)
+		}
+		return pe.p.Close()
+	}()
+	return
+}

@@ -1,0 +1,66 @@
+// The public C names of libhalo: thin wrappers over the Go exports, so that
+// include/halo.h never depends on cgo's generated header, and so that the
+// last-error text lives in this thread's C buffer with no ownership puzzles.
+#include <stdlib.h>
+#include "halo.h"
+#include "_cgo_export.h"
+
+#define HALO_ERRLEN 2048
+static __thread char last_error[HALO_ERRLEN];
+
+int halo_version_number(void) { return HALO_VERSION_NUMBER; }
+const char *halo_version_string(void) { return HALO_VERSION_STRING; }
+const char *halo_last_error(void) { return last_error; }
+
+const char *halo_strerror(halo_result_t result) {
+    switch (result) {
+    case HALO_SUCCESS: return "success";
+    case HALO_ERR_INVALID_ARGUMENT: return "invalid argument";
+    case HALO_ERR_INVALID_HANDLE: return "invalid handle";
+    case HALO_ERR_MISMATCH: return "ranks disagree";
+    case HALO_ERR_TIMEOUT: return "timed out";
+    case HALO_ERR_PEER_FAILED: return "peer failed";
+    case HALO_ERR_COMM_FAILED: return "communicator failed earlier";
+    case HALO_ERR_RENDEZVOUS: return "rendezvous failed";
+    case HALO_ERR_TRANSPORT: return "transport error";
+    case HALO_ERR_INVALID_STATE: return "invalid state";
+    case HALO_ERR_INTERNAL: return "internal error";
+    }
+    return "unknown result code";
+}
+
+halo_result_t halo_comm_create(int rank, int world_size, const halo_comm_params_t *params, halo_comm_t *comm) {
+    return (halo_result_t)haloGoCommCreate(rank, world_size, (halo_comm_params_t *)params, comm, last_error, HALO_ERRLEN);
+}
+
+halo_result_t halo_comm_get_address(halo_comm_t comm, const void **address, size_t *length) {
+    return (halo_result_t)haloGoCommGetAddress((uintptr_t)comm, (void **)address, length, last_error, HALO_ERRLEN);
+}
+
+halo_result_t halo_comm_connect(halo_comm_t comm, const void *const *addresses, const size_t *lengths) {
+    return (halo_result_t)haloGoCommConnect((uintptr_t)comm, (void **)addresses, (size_t *)lengths, last_error, HALO_ERRLEN);
+}
+
+halo_result_t halo_comm_get_rank(halo_comm_t comm, int *rank, int *world_size) {
+    return (halo_result_t)haloGoCommGetRank((uintptr_t)comm, rank, world_size, last_error, HALO_ERRLEN);
+}
+
+halo_result_t halo_comm_destroy(halo_comm_t comm) {
+    return (halo_result_t)haloGoCommDestroy((uintptr_t)comm, last_error, HALO_ERRLEN);
+}
+
+halo_result_t halo_plan_create(halo_comm_t comm, const halo_plan_params_t *params, halo_plan_t *plan) {
+    return (halo_result_t)haloGoPlanCreate((uintptr_t)comm, (halo_plan_params_t *)params, plan, last_error, HALO_ERRLEN);
+}
+
+halo_result_t halo_plan_forward(halo_plan_t plan, const void *x, void *out) {
+    return (halo_result_t)haloGoPlanRun((uintptr_t)plan, 0, (void *)x, out, last_error, HALO_ERRLEN);
+}
+
+halo_result_t halo_plan_backward(halo_plan_t plan, const void *grad_out, void *grad_x) {
+    return (halo_result_t)haloGoPlanRun((uintptr_t)plan, 1, (void *)grad_out, grad_x, last_error, HALO_ERRLEN);
+}
+
+halo_result_t halo_plan_destroy(halo_plan_t plan) {
+    return (halo_result_t)haloGoPlanDestroy((uintptr_t)plan, last_error, HALO_ERRLEN);
+}

@@ -1,0 +1,80 @@
+package main
+
+import (
+	"fmt"
+	"sync"
+	"unsafe"
+
+	"github.com/halo-cp/halo/comm"
+	"github.com/halo-cp/halo/halo"
+)
+
+// Handles given to C are numbers, never pointers: a kind in the top byte and
+// a serial that is never reused, so a NULL, stale or foreign handle is found
+// out by a map lookup instead of crashing the caller.
+const (
+	kindComm = 0xC0
+	kindPlan = 0xB1
+)
+
+type commEntry struct {
+	c       *comm.Comm
+	plans   map[uintptr]*planEntry
+	address unsafe.Pointer // C copy of the worker address, made on demand
+}
+
+type planEntry struct {
+	p    *halo.Plan
+	comm uintptr
+}
+
+var registry = struct {
+	sync.Mutex
+	next  uint64
+	comms map[uintptr]*commEntry
+	plans map[uintptr]*planEntry
+}{next: 1, comms: map[uintptr]*commEntry{}, plans: map[uintptr]*planEntry{}}
+
+func newHandle(kind uint64) uintptr {
+	h := uintptr(kind<<56 | registry.next)
+	registry.next++
+	return h
+}
+
+func kindName(h uintptr) string {
+	switch uint64(h) >> 56 {
+	case kindComm:
+		return "a communicator handle"
+	case kindPlan:
+		return "a plan handle"
+	}
+	return "not a halo handle"
+}
+
+func lookupComm(h uintptr) (*commEntry, error) {
+	registry.Lock()
+	defer registry.Unlock()
+	if e, ok := registry.comms[h]; ok {
+		return e, nil
+	}
+	return nil, badHandle(h, "communicator", kindComm)
+}
+
+func lookupPlan(h uintptr) (*planEntry, error) {
+	registry.Lock()
+	defer registry.Unlock()
+	if e, ok := registry.plans[h]; ok {
+		return e, nil
+	}
+	return nil, badHandle(h, "plan", kindPlan)
+}
+
+func badHandle(h uintptr, want string, kind uint64) error {
+	switch {
+	case h == 0:
+		return fmt.Errorf("%w: the %s handle is NULL", errHandle, want)
+	case uint64(h)>>56 == kind:
+		return fmt.Errorf("%w: %s handle %#x is not live (already destroyed?)", errHandle, want, h)
+	}
+	return fmt.Errorf("%w: %#x is %s, not a live %s", errHandle, h, kindName(h), want)
+}

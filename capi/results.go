@@ -1,0 +1,67 @@
+package main
+
+/*
+#include "halo.h"
+*/
+import "C"
+
+import (
+	"errors"
+	"fmt"
+	"unsafe"
+
+	"github.com/halo-cp/halo/comm"
+	"github.com/halo-cp/halo/halo"
+	"github.com/halo-cp/halo/ucx"
+)
+
+var (
+	errHandle   = errors.New("invalid handle")
+	errInternal = errors.New("internal error")
+)
+
+// code maps an error to the result code of include/halo.h.
+func code(err error) C.int {
+	switch {
+	case err == nil:
+		return C.HALO_SUCCESS
+	case errors.Is(err, errHandle):
+		return C.HALO_ERR_INVALID_HANDLE
+	case errors.Is(err, errInternal):
+		return C.HALO_ERR_INTERNAL
+	case errors.Is(err, halo.ErrInvalid):
+		return C.HALO_ERR_INVALID_ARGUMENT
+	case errors.Is(err, halo.ErrMismatch):
+		return C.HALO_ERR_MISMATCH
+	case errors.Is(err, halo.ErrFailed):
+		return C.HALO_ERR_COMM_FAILED
+	case errors.Is(err, comm.ErrState), errors.Is(err, halo.ErrClosed):
+		return C.HALO_ERR_INVALID_STATE
+	case errors.Is(err, comm.ErrRendezvous):
+		return C.HALO_ERR_RENDEZVOUS
+	case errors.Is(err, ucx.ErrTimeout):
+		return C.HALO_ERR_TIMEOUT
+	case errors.Is(err, ucx.ErrPeerFailed):
+		return C.HALO_ERR_PEER_FAILED
+	}
+	return C.HALO_ERR_TRANSPORT
+}
+
+// finish writes err's message into the caller's thread-local buffer and
+// sets its code. Every export defers it with recover(), so a panic ends up
+// as HALO_ERR_INTERNAL instead of killing the caller's process:
+//
+//	defer func() { finish(&rc, recover(), err, eb, el) }()
+func finish(rc *C.int, panicked any, err error, buf *C.char, n C.size_t) {
+	if panicked != nil {
+		err = fmt.Errorf("%w: panic: %v", errInternal, panicked)
+	}
+	*rc = code(err)
+	if err == nil || buf == nil || n == 0 {
+		return
+	}
+	msg := err.Error()
+	b := unsafe.Slice((*byte)(unsafe.Pointer(buf)), int(n))
+	k := copy(b[:n-1], msg)
+	b[k] = 0
+}

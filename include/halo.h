@@ -1,0 +1,199 @@
+/*
+ * halo — halo exchange for context-parallel training, over UCX.
+ *
+ * A communicator connects the ranks of one context-parallel group; a plan is
+ * made once per tensor layout (collectively, like an FFT plan) and run every
+ * step: halo_plan_forward fills the halos of a padded output with the
+ * neighbours' boundary slices, halo_plan_backward sends the halo gradients
+ * back and adds them into the owners' input gradient.
+ *
+ * Thread safety: a communicator and its plans may be used by one thread at a
+ * time; different communicators are independent. halo_last_error is per
+ * thread. Every function validates its arguments and returns a result code;
+ * none aborts the caller. Outputs are written only on success.
+ */
+#ifndef HALO_H
+#define HALO_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/** @brief Version of this header. Compare with halo_version_number(). */
+#define HALO_VERSION_MAJOR 0
+#define HALO_VERSION_MINOR 1
+#define HALO_VERSION_PATCH 0
+#define HALO_VERSION_NUMBER (HALO_VERSION_MAJOR * 10000 + HALO_VERSION_MINOR * 100 + HALO_VERSION_PATCH)
+#define HALO_VERSION_STRING "0.1.0"
+
+/** @brief Result codes. Values are fixed forever; new ones are appended. */
+typedef enum halo_result {
+    HALO_SUCCESS              = 0,
+    HALO_ERR_INVALID_ARGUMENT = 1,  /**< a NULL pointer, a bad size, shape, dim, dtype, ... */
+    HALO_ERR_INVALID_HANDLE   = 2,  /**< NULL, destroyed or foreign communicator or plan */
+    HALO_ERR_MISMATCH         = 3,  /**< ranks disagree on a plan (every rank gets this) */
+    HALO_ERR_TIMEOUT          = 4,  /**< a deadline passed; the message names the peers */
+    HALO_ERR_PEER_FAILED      = 5,  /**< a peer is gone */
+    HALO_ERR_COMM_FAILED      = 6,  /**< the communicator failed earlier; destroy it */
+    HALO_ERR_RENDEZVOUS       = 7,  /**< ranks could not find each other */
+    HALO_ERR_TRANSPORT        = 8,  /**< UCX reported another error */
+    HALO_ERR_INVALID_STATE    = 9,  /**< e.g. connect twice, plan before connect */
+    HALO_ERR_INTERNAL         = 10  /**< a bug in halo; please report the message */
+} halo_result_t;
+
+/** @brief Element types. */
+typedef enum halo_dtype {
+    HALO_FLOAT32  = 0,
+    HALO_FLOAT64  = 1,
+    HALO_FLOAT16  = 2,
+    HALO_BFLOAT16 = 3
+} halo_dtype_t;
+
+/** @brief What fills halo slices outside the global sequence. */
+typedef enum halo_padding {
+    HALO_PAD_ZEROS = 0
+} halo_padding_t;
+
+/** @brief How ranks find each other. */
+typedef enum halo_bootstrap {
+    HALO_BOOTSTRAP_RENDEZVOUS = 0, /**< TCP rendezvous hosted by rank 0 (default) */
+    HALO_BOOTSTRAP_EXTERNAL   = 1  /**< caller exchanges addresses: halo_comm_get_address + halo_comm_connect */
+} halo_bootstrap_t;
+
+typedef struct halo_comm *halo_comm_t; /**< opaque communicator handle */
+typedef struct halo_plan *halo_plan_t; /**< opaque plan handle */
+
+/** @brief Bits of halo_comm_params_t.field_mask: which optional fields are set. */
+enum {
+    HALO_COMM_PARAM_BOOTSTRAP         = 1u << 0,
+    HALO_COMM_PARAM_RENDEZVOUS        = 1u << 1,
+    HALO_COMM_PARAM_TOKEN             = 1u << 2,
+    HALO_COMM_PARAM_JOB_ID            = 1u << 3,
+    HALO_COMM_PARAM_TIMEOUT           = 1u << 4,
+    HALO_COMM_PARAM_BOOTSTRAP_TIMEOUT = 1u << 5
+};
+
+/**
+ * @brief Optional communicator parameters. Unset fields come from the
+ * environment (HALO_RENDEZVOUS, HALO_TOKEN, HALO_JOB_ID, HALO_JOB_ATTEMPT,
+ * HALO_TIMEOUT_MS, HALO_BOOTSTRAP_TIMEOUT_MS), then defaults: rendezvous
+ * 127.0.0.1:29600 hosted by rank 0, no token (allowed on loopback only),
+ * timeout 120 s, bootstrap timeout 60 s.
+ */
+typedef struct halo_comm_params {
+    uint64_t         field_mask;
+    halo_bootstrap_t bootstrap;
+    const char      *rendezvous;           /**< "host:port" */
+    const char      *token;                /**< shared secret of the job */
+    const char      *job_id;
+    int64_t          timeout_ms;           /**< deadline of every wait in forward/backward/plan create */
+    int64_t          bootstrap_timeout_ms; /**< deadline of the rendezvous */
+} halo_comm_params_t;
+
+/** @brief Bits of halo_plan_params_t.field_mask. */
+enum {
+    HALO_PLAN_PARAM_X_STRIDES        = 1u << 0,
+    HALO_PLAN_PARAM_OUT_STRIDES      = 1u << 1,
+    HALO_PLAN_PARAM_GRAD_OUT_STRIDES = 1u << 2,
+    HALO_PLAN_PARAM_GRAD_X_STRIDES   = 1u << 3,
+    HALO_PLAN_PARAM_PADDING          = 1u << 4
+};
+
+/**
+ * @brief A tensor layout. dtype, ndim, shape, dim, left and right are always
+ * read; the rest only when their field_mask bit is set. Strides are in
+ * elements; unset strides mean contiguous. out and grad_out have x's shape
+ * with left + right more slices along dim; grad_out's strides default to
+ * out's, grad_x's to x's. Shards may differ in length along dim between
+ * ranks; every other field must agree on all ranks.
+ */
+typedef struct halo_plan_params {
+    uint64_t       field_mask;
+    halo_dtype_t   dtype;
+    int32_t        ndim;             /**< 1 .. 8 */
+    const int64_t *shape;            /**< ndim entries: the local shard x */
+    int32_t        dim;              /**< the sharded (temporal) dimension */
+    int64_t        left;             /**< halo slices before x along dim */
+    int64_t        right;            /**< halo slices after x along dim */
+    const int64_t *x_strides;
+    const int64_t *out_strides;
+    const int64_t *grad_out_strides;
+    const int64_t *grad_x_strides;
+    halo_padding_t padding;
+} halo_plan_params_t;
+
+/** @brief Version of the loaded library, as HALO_VERSION_NUMBER. */
+int halo_version_number(void);
+/** @brief Version string of the loaded library, e.g. "0.1.0". */
+const char *halo_version_string(void);
+
+/** @brief A static description of a result code. */
+const char *halo_strerror(halo_result_t result);
+
+/**
+ * @brief The detailed message of the last failed call on this thread (which
+ * rank, which peer, which shape), or "" if none failed. Valid until the next
+ * failing call on this thread; the caller does not free it.
+ */
+const char *halo_last_error(void);
+
+/**
+ * @brief Create this rank's communicator. With the rendezvous bootstrap this
+ * is collective and returns when all world_size ranks are connected.
+ * @param[in]  rank        0 .. world_size-1
+ * @param[in]  world_size  ranks in the group
+ * @param[in]  params      optional (NULL for defaults and environment)
+ * @param[out] comm        the new communicator
+ */
+halo_result_t halo_comm_create(int rank, int world_size, const halo_comm_params_t *params, halo_comm_t *comm);
+
+/**
+ * @brief This rank's transport address, for HALO_BOOTSTRAP_EXTERNAL. The
+ * bytes stay valid until the communicator is destroyed.
+ */
+halo_result_t halo_comm_get_address(halo_comm_t comm, const void **address, size_t *length);
+
+/**
+ * @brief Connect with every rank's address (world_size entries, rank order,
+ * this rank's own included), for HALO_BOOTSTRAP_EXTERNAL.
+ */
+halo_result_t halo_comm_connect(halo_comm_t comm, const void *const *addresses, const size_t *lengths);
+
+/** @brief This communicator's rank and world size. */
+halo_result_t halo_comm_get_rank(halo_comm_t comm, int *rank, int *world_size);
+
+/** @brief Destroy a communicator and every plan made on it. Local; never hangs. */
+halo_result_t halo_comm_destroy(halo_comm_t comm);
+
+/**
+ * @brief Create a plan, collectively: every rank calls it, in the same order
+ * relative to its other plans. Ranks exchange their layouts; any disagreement
+ * fails with HALO_ERR_MISMATCH on every rank, naming the ranks and fields.
+ */
+halo_result_t halo_plan_create(halo_comm_t comm, const halo_plan_params_t *params, halo_plan_t *plan);
+
+/**
+ * @brief out = [left halo | x | right halo] along dim; slices outside the
+ * global sequence are zeros. x may be the interior of out (out + left slices,
+ * same strides): it is then not copied. Collective.
+ */
+halo_result_t halo_plan_forward(halo_plan_t plan, const void *x, void *out);
+
+/**
+ * @brief grad_x = interior of grad_out + the halo gradients of the ranks that
+ * received x's slices, added in the tensor's dtype in the reference order.
+ * grad_x may be the interior of grad_out. Collective.
+ */
+halo_result_t halo_plan_backward(halo_plan_t plan, const void *grad_out, void *grad_x);
+
+/** @brief Destroy a plan. Local. */
+halo_result_t halo_plan_destroy(halo_plan_t plan);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* HALO_H */

@@ -1,0 +1,282 @@
+/* Forward and backward across W real processes, checked bit for bit against
+ * an oracle computed from the whole global tensor. Cases: every dim of 3-D
+ * and 5-D tensors; halos 0, 1, 2 and longer than a shard; uneven and empty
+ * shards; contiguous, non-contiguous and in-place (x inside out) layouts;
+ * float32, float64, float16, bfloat16.
+ *
+ *   test_exchange W [--external]    launch W ranks (rendezvous, or addresses
+ *                                   exchanged through files by the caller) */
+#include "launch.h"
+#include "values.h"
+
+typedef struct {
+    int id, nd, dim, dtype, layout; /* layout: 0 contiguous, 1 strided, 2 in place */
+    int64_t shape[8], L, R, len[64], off[65];
+} tcase;
+
+static int64_t numel(int nd, const int64_t *s) {
+    int64_t n = 1;
+    for (int i = 0; i < nd; i++) n *= s[i];
+    return n;
+}
+
+static void unravel(int nd, const int64_t *shape, int64_t i, int64_t *idx) {
+    for (int d = nd - 1; d >= 0; d--) {
+        idx[d] = i % shape[d];
+        i /= shape[d];
+    }
+}
+
+static int64_t dot(int nd, const int64_t *idx, const int64_t *st) {
+    int64_t o = 0;
+    for (int d = 0; d < nd; d++) o += idx[d] * st[d];
+    return o;
+}
+
+static void contiguous(int nd, const int64_t *shape, int64_t *st) {
+    int64_t acc = 1;
+    for (int d = nd - 1; d >= 0; d--) { st[d] = acc; acc *= shape[d]; }
+}
+
+/* Strides in a rotated dimension order with a gap: non-contiguous. */
+static void strided(int nd, const int64_t *shape, int seed, int64_t *st) {
+    int64_t acc = 1 + seed % 2;
+    for (int k = 0; k < nd; k++) {
+        int d = (k + seed) % nd;
+        st[d] = acc;
+        acc *= shape[d] + 1;
+    }
+}
+
+static int64_t extent(int nd, const int64_t *shape, const int64_t *st) {
+    int64_t last = 0;
+    for (int d = 0; d < nd; d++) {
+        if (shape[d] == 0) return 0;
+        last += (shape[d] - 1) * st[d];
+    }
+    return last + 1;
+}
+
+/* Global key of element idx of the global tensor (position P along dim). */
+static uint64_t x_key(const tcase *c, const int64_t *idx, int64_t P) {
+    uint64_t k = (uint64_t)c->id * 0x100000001b3ull;
+    for (int d = 0; d < c->nd; d++) k = k * 131 + (uint64_t)(d == c->dim ? P : idx[d]);
+    return k;
+}
+
+static uint64_t g_key(const tcase *c, int s, const int64_t *idx) {
+    uint64_t k = (uint64_t)c->id * 0x100000001b3ull + 0x5555 + (uint64_t)s * 7919;
+    for (int d = 0; d < c->nd; d++) k = k * 137 + (uint64_t)idx[d];
+    return ~k;
+}
+
+static uint64_t gout_value(const tcase *c, int s, const int64_t *idx_out) {
+    return value_bits(c->dtype, g_key(c, s, idx_out));
+}
+
+static void run_case(halo_comm_t comm, const tcase *c) {
+    int r = g_rank, W = g_world, nd = c->nd, dim = c->dim, es = dtype_size(c->dtype);
+    int64_t L = c->L, R = c->R, n = c->len[r], N = c->off[W];
+    int64_t xs[8], os[8], xst[8], ost[8], gost[8], gxst[8];
+    memcpy(xs, c->shape, sizeof xs);
+    xs[dim] = n;
+    memcpy(os, xs, sizeof os);
+    os[dim] = n + L + R;
+    contiguous(nd, xs, xst);
+    contiguous(nd, os, ost);
+    memcpy(gost, ost, sizeof gost);
+    memcpy(gxst, xst, sizeof gxst);
+    if (c->layout == 1) {
+        strided(nd, xs, c->id, xst);
+        strided(nd, os, c->id + 1, ost);
+        strided(nd, os, c->id + 2, gost);
+        strided(nd, xs, c->id + 3, gxst);
+    } else if (c->layout == 2) {
+        strided(nd, os, c->id, ost);
+        memcpy(xst, ost, sizeof xst);
+        memcpy(gost, ost, sizeof gost);
+        memcpy(gxst, ost, sizeof gxst);
+    }
+    halo_plan_params_t p;
+    memset(&p, 0, sizeof p);
+    p.dtype = (halo_dtype_t)c->dtype;
+    p.ndim = nd;
+    p.shape = xs;
+    p.dim = dim;
+    p.left = L;
+    p.right = R;
+    p.field_mask = HALO_PLAN_PARAM_X_STRIDES | HALO_PLAN_PARAM_OUT_STRIDES | HALO_PLAN_PARAM_GRAD_OUT_STRIDES | HALO_PLAN_PARAM_GRAD_X_STRIDES;
+    p.x_strides = xst;
+    p.out_strides = ost;
+    p.grad_out_strides = gost;
+    p.grad_x_strides = gxst;
+    halo_plan_t plan;
+    HALO_OK(halo_plan_create(comm, &p, &plan));
+
+    int64_t oext = extent(nd, os, ost) + 1, xext = extent(nd, xs, xst) + 1;
+    unsigned char *out = malloc(oext * es), *gout = malloc(extent(nd, os, gost) * es + es);
+    unsigned char *x, *gx;
+    memset(out, 0xA5, oext * es);
+    if (c->layout == 2) {
+        x = out + L * ost[dim] * es;
+        gx = gout + L * gost[dim] * es;
+    } else {
+        x = malloc(xext * es);
+        gx = malloc(extent(nd, xs, gxst) * es + es);
+        memset(gx, 0xA5, extent(nd, xs, gxst) * es + es);
+    }
+    int64_t idx[8], gidx[8];
+    int64_t xn = numel(nd, xs), on = numel(nd, os);
+    for (int64_t i = 0; i < xn; i++) {
+        unravel(nd, xs, i, idx);
+        put_bits(x + dot(nd, idx, xst) * es, es, value_bits(c->dtype, x_key(c, idx, c->off[r] + idx[dim])));
+    }
+    HALO_OK(halo_plan_forward(plan, x, out));
+    int bad = 0;
+    for (int64_t i = 0; i < on && bad < 3; i++) {
+        unravel(nd, os, i, idx);
+        int64_t P = c->off[r] - L + idx[dim];
+        uint64_t want = (P >= 0 && P < N) ? value_bits(c->dtype, x_key(c, idx, P)) : 0;
+        uint64_t got = get_bits(out + dot(nd, idx, ost) * es, es);
+        if (got != want) {
+            CHECK(0, "case %d (nd %d dim %d L %ld R %ld dtype %d layout %d): out[%ld] pos %ld = %#lx, want %#lx", c->id, nd, dim,
+                  (long)L, (long)R, c->dtype, c->layout, (long)i, (long)idx[dim], (unsigned long)got, (unsigned long)want);
+            bad++;
+        }
+    }
+    for (int64_t i = 0; i < on; i++) {
+        unravel(nd, os, i, idx);
+        put_bits(gout + dot(nd, idx, gost) * es, es, gout_value(c, r, idx));
+    }
+    HALO_OK(halo_plan_backward(plan, gout, gx));
+    for (int64_t i = 0; i < xn && bad < 3; i++) {
+        unravel(nd, xs, i, idx);
+        int64_t j = idx[dim], P = c->off[r] + j;
+        memcpy(gidx, idx, sizeof gidx);
+        gidx[dim] = j + L;
+        uint64_t v = gout_value(c, r, gidx);
+        for (int s = r + 1; s < W; s++)
+            if (P >= c->off[s] - L && P < c->off[s]) {
+                gidx[dim] = P - c->off[s] + L;
+                v = add_bits(c->dtype, v, gout_value(c, s, gidx));
+            }
+        if (r == W - 1 && j >= n - L) v = add_bits(c->dtype, v, 0);
+        for (int s = r - 1; s >= 0; s--)
+            if (P >= c->off[s + 1] && P < c->off[s + 1] + R) {
+                gidx[dim] = P - c->off[s] + L;
+                v = add_bits(c->dtype, v, gout_value(c, s, gidx));
+            }
+        if (r == 0 && j < R) v = add_bits(c->dtype, v, 0);
+        uint64_t got = get_bits(gx + dot(nd, idx, gxst) * es, es);
+        if (got != v) {
+            CHECK(0, "case %d (nd %d dim %d L %ld R %ld dtype %d layout %d): grad_x[%ld] pos %ld = %#lx, want %#lx", c->id, nd,
+                  dim, (long)L, (long)R, c->dtype, c->layout, (long)i, (long)j, (unsigned long)got, (unsigned long)v);
+            bad++;
+        }
+    }
+    HALO_OK(halo_plan_destroy(plan));
+    if (c->layout != 2) {
+        free(x);
+        free(gx);
+    }
+    free(out);
+    free(gout);
+}
+
+static int run_rank(halo_comm_t comm) {
+    static const int64_t halos[][2] = {{0, 0}, {1, 0}, {0, 2}, {1, 1}, {2, 2}, {5, 3}};
+    int ncase = 0;
+    for (int nd = 3; nd <= 5; nd += 2)
+        for (int dim = 0; dim < nd; dim++)
+            for (int h = 0; h < 6; h++)
+                for (int layout = 0; layout < 3; layout++) {
+                    tcase c;
+                    memset(&c, 0, sizeof c);
+                    c.id = ncase++;
+                    c.nd = nd;
+                    c.dim = dim;
+                    c.layout = layout;
+                    c.dtype = (c.id + layout) % 4;
+                    c.L = halos[h][0];
+                    c.R = halos[h][1];
+                    for (int d = 0; d < nd; d++) c.shape[d] = 1 + (d + c.id) % 3;
+                    for (int s = 0; s < g_world; s++) {
+                        c.len[s] = 2 + (s * 7 + c.id) % 3;   /* uneven: 2..4 */
+                        if (g_world > 2 && s == 1 && c.id % 5 == 0) c.len[s] = 0; /* an empty shard */
+                        c.off[s + 1] = c.off[s] + c.len[s];
+                    }
+                    run_case(comm, &c);
+                }
+    return ncase;
+}
+
+/* External bootstrap: ranks exchange addresses through files in a folder. */
+static halo_comm_t external_comm(const char *dir) {
+    halo_comm_params_t p;
+    memset(&p, 0, sizeof p);
+    p.field_mask = HALO_COMM_PARAM_BOOTSTRAP | HALO_COMM_PARAM_TIMEOUT;
+    p.bootstrap = HALO_BOOTSTRAP_EXTERNAL;
+    p.timeout_ms = 20000;
+    halo_comm_t c;
+    HALO_OK(halo_comm_create(g_rank, g_world, &p, &c));
+    const void *addr;
+    size_t len;
+    HALO_OK(halo_comm_get_address(c, &addr, &len));
+    char path[512], tmp[512];
+    snprintf(tmp, sizeof tmp, "%s/%d.tmp", dir, g_rank);
+    snprintf(path, sizeof path, "%s/%d.addr", dir, g_rank);
+    FILE *f = fopen(tmp, "wb");
+    fwrite(addr, 1, len, f);
+    fclose(f);
+    rename(tmp, path);
+    void *addrs[64];
+    size_t lens[64];
+    for (int s = 0; s < g_world; s++) {
+        snprintf(path, sizeof path, "%s/%d.addr", dir, s);
+        double deadline = now_s() + 30;
+        while (!(f = fopen(path, "rb"))) {
+            if (now_s() > deadline) { fprintf(stderr, "rank %d: no address from rank %d\n", g_rank, s); exit(1); }
+            usleep(5000);
+        }
+        addrs[s] = malloc(1 << 16);
+        lens[s] = fread(addrs[s], 1, 1 << 16, f);
+        fclose(f);
+    }
+    HALO_OK(halo_comm_connect(c, (const void *const *)addrs, lens));
+    for (int s = 0; s < g_world; s++) free(addrs[s]);
+    return c;
+}
+
+int main(int argc, char **argv) {
+    int port = 0;
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    if (!rank_args(argc, argv, &port)) {
+        int W = argc > 1 ? atoi(argv[1]) : 2;
+        if (W < 1 || W > 64) { fprintf(stderr, "usage: %s W [--external]\n", argv[0]); return 2; }
+        char dir[] = "/tmp/halo-test-XXXXXX";
+        char *extra[2] = {"--dir", dir};
+        int external = has_flag(argc, argv, "--external");
+        if (external && !mkdtemp(dir)) { perror("mkdtemp"); return 2; }
+        double t0 = now_s();
+        int bad = launch(argv[0], W, 600, NULL, external ? 2 : 0, extra);
+        if (external) {
+            char cmd[600];
+            snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+            if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
+        }
+        printf("test_exchange W=%d%s: %s (%.1f s)\n", W, external ? " external bootstrap" : "", bad ? "FAILED" : "passed", now_s() - t0);
+        return bad ? 1 : 0;
+    }
+    halo_comm_t comm;
+    if (has_flag(argc, argv, "--dir")) {
+        const char *dir = NULL;
+        for (int i = 1; i + 1 < argc; i++) if (!strcmp(argv[i], "--dir")) dir = argv[i + 1];
+        comm = external_comm(dir);
+    } else {
+        comm = make_comm(port, 20000);
+    }
+    int n = run_rank(comm);
+    HALO_OK(halo_comm_destroy(comm));
+    if (g_rank == 0) printf("rank 0: %d cases checked, %d failures\n", n, g_failures);
+    return g_failures ? 1 : 0;
+}
