@@ -146,7 +146,7 @@ func New(cfg Config) (*Comm, error) {
 	if err := cfg.fill(); err != nil {
 		return nil, err
 	}
-	t, err := ucx.Open(cfg.Rank, cfg.Size, ucx.Options{})
+	t, err := ucx.Open(cfg.Rank, cfg.Size, ucx.DefaultOptions())
 	if err != nil {
 		return nil, fmt.Errorf("rank %d: opening UCX: %w", cfg.Rank, err)
 	}

@@ -1,0 +1,114 @@
+package comm
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/halo-cp/halo/halo"
+)
+
+func freeAddr(t *testing.T) string {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// Two ranks in one process, bootstrapped through the embedded rendezvous,
+// over real UCX: the whole assembly the C ABI and halod stand on.
+func TestRendezvousAndExchange(t *testing.T) {
+	addr := freeAddr(t)
+	const W = 2
+	var wg sync.WaitGroup
+	errs := make([]error, W)
+	for r := 0; r < W; r++ {
+		wg.Add(1)
+		go func(r int) {
+			defer wg.Done()
+			errs[r] = func() error {
+				c, err := New(Config{Rank: r, Size: W, Rendezvous: addr, Job: "comm-test", Timeout: 10 * time.Second, BootstrapTimeout: 20 * time.Second})
+				if err != nil {
+					return err
+				}
+				defer c.Close()
+				p, err := c.NewPlan(halo.Spec{DType: halo.Float64, Shape: []int64{3}, Dim: 0, Left: 1, Right: 1})
+				if err != nil {
+					return err
+				}
+				defer p.Close()
+				buf, err := c.t.Alloc(8 * 8)
+				if err != nil {
+					return err
+				}
+				defer buf.Free()
+				v := unsafe.Slice((*float64)(unsafe.Pointer(unsafe.SliceData(buf.Bytes()))), 8)
+				x, out := v[:3], v[3:8]
+				for i := range x {
+					x[i] = float64(10*r + i)
+				}
+				if err := p.Forward(unsafe.Pointer(&x[0]), unsafe.Pointer(&out[0])); err != nil {
+					return err
+				}
+				want := []float64{0, 0, 1, 2, 10}
+				if r == 1 {
+					want = []float64{2, 10, 11, 12, 0}
+				}
+				if fmt.Sprint(out) != fmt.Sprint(want) {
+					return fmt.Errorf("rank %d: out %v, want %v", r, out, want)
+				}
+				return nil
+			}()
+		}(r)
+	}
+	wg.Wait()
+	for r, err := range errs {
+		if err != nil {
+			t.Errorf("rank %d: %v", r, err)
+		}
+	}
+}
+
+func TestConfigErrors(t *testing.T) {
+	t.Setenv("HALO_TIMEOUT_MS", "")
+	for _, tc := range []struct {
+		cfg  Config
+		want string
+	}{
+		{Config{Rank: 0, Size: 0}, "world size 0 is out of range"},
+		{Config{Rank: 3, Size: 2}, "rank 3 is out of range for world size 2"},
+		{Config{Rank: 0, Size: 2, Bootstrap: 9}, "unknown bootstrap 9"},
+		{Config{Rank: 0, Size: 2, Rendezvous: "nohost"}, "want host:port"},
+		{Config{Rank: 0, Size: 2, Rendezvous: "10.1.2.3:5"}, "token is required"},
+		{Config{Rank: 0, Size: 1, Timeout: -time.Second}, "negative"},
+	} {
+		_, err := New(tc.cfg)
+		if !errors.Is(err, halo.ErrInvalid) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%+v: got %v, want %q", tc.cfg, err, tc.want)
+		}
+	}
+	t.Setenv("HALO_TIMEOUT_MS", "soon")
+	if _, err := New(Config{Rank: 0, Size: 1}); err == nil || !strings.Contains(err.Error(), `HALO_TIMEOUT_MS="soon"`) {
+		t.Errorf("bad env: %v", err)
+	}
+}
+
+func TestMissingRankFailsRendezvous(t *testing.T) {
+	addr := freeAddr(t)
+	start := time.Now()
+	_, err := New(Config{Rank: 0, Size: 2, Rendezvous: addr, Job: "lonely", BootstrapTimeout: 1500 * time.Millisecond})
+	if !errors.Is(err, ErrRendezvous) || !strings.Contains(err.Error(), "1") {
+		t.Fatalf("got %v", err)
+	}
+	if d := time.Since(start); d > 10*time.Second {
+		t.Fatalf("took %v", d)
+	}
+	t.Log(err)
+}

@@ -1,0 +1,194 @@
+package ucx
+
+/*
+#include "helpers.h"
+*/
+import "C"
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+)
+
+// Sentinel errors, for errors.Is. Errors returned by this package wrap them
+// where they apply; a *StatusError matches the one its status stands for.
+var (
+	// ErrTimeout: the deadline passed while operations were pending.
+	ErrTimeout = errors.New("ucx: deadline passed")
+	// ErrPeerFailed: an endpoint failed (peer dead, unreachable, or the
+	// endpoint closed after an earlier failure).
+	ErrPeerFailed = errors.New("ucx: peer failed")
+	// ErrMessageLength: a received message was longer or shorter than the
+	// receive's segments (see *LengthError for expected and got).
+	ErrMessageLength = errors.New("ucx: received length differs from expected")
+	// ErrClosed: the transport or batch is closed.
+	ErrClosed = errors.New("ucx: closed")
+)
+
+// Status is a UCX status code (ucs_status_t): 0 is success, negative values
+// are errors.
+type Status int32
+
+// Status values (ucs/type/status.h; the values are part of UCX's ABI).
+const (
+	StatusOK               Status = 0
+	StatusInProgress       Status = 1
+	StatusNoMessage        Status = -1
+	StatusNoResource       Status = -2
+	StatusIOError          Status = -3
+	StatusNoMemory         Status = -4
+	StatusInvalidParam     Status = -5
+	StatusUnreachable      Status = -6
+	StatusInvalidAddr      Status = -7
+	StatusNotImplemented   Status = -8
+	StatusMessageTruncated Status = -9
+	StatusNoProgress       Status = -10
+	StatusBufferTooSmall   Status = -11
+	StatusNoElem           Status = -12
+	StatusNoDevice         Status = -14
+	StatusBusy             Status = -15
+	StatusCanceled         Status = -16
+	StatusShmemSegment     Status = -17
+	StatusAlreadyExists    Status = -18
+	StatusOutOfRange       Status = -19
+	StatusTimedOut         Status = -20
+	StatusExceedsLimit     Status = -21
+	StatusUnsupported      Status = -22
+	StatusRejected         Status = -23
+	StatusNotConnected     Status = -24
+	StatusConnectionReset  Status = -25
+	StatusEndpointTimeout  Status = -80
+)
+
+// String is UCX's text for the status (ucs_status_string).
+func (s Status) String() string {
+	return C.GoString(C.ucs_status_string(C.ucs_status_t(s)))
+}
+
+// peerFailure reports whether the status means the other side is gone.
+func (s Status) peerFailure() bool {
+	switch s {
+	case StatusIOError, StatusUnreachable, StatusNotConnected,
+		StatusConnectionReset, StatusRejected:
+		return true
+	}
+	// UCS_ERR_FIRST_LINK_FAILURE .. UCS_ERR_LAST_ENDPOINT_FAILURE, which
+	// includes UCS_ERR_ENDPOINT_TIMEOUT.
+	return s <= C.UCS_ERR_FIRST_LINK_FAILURE && s >= C.UCS_ERR_LAST_ENDPOINT_FAILURE
+}
+
+// StatusError is a UCX call that returned an error status.
+type StatusError struct {
+	Func   string // the UCX function, or what was being done
+	Status Status
+}
+
+func (e *StatusError) Error() string {
+	return fmt.Sprintf("ucx: %s: %s (status %d)", e.Func, e.Status, int32(e.Status))
+}
+
+// Is matches the sentinel the status stands for: ErrPeerFailed,
+// ErrMessageLength (UCS_ERR_MESSAGE_TRUNCATED) or ErrTimeout
+// (UCS_ERR_TIMED_OUT).
+func (e *StatusError) Is(target error) bool {
+	switch target {
+	case ErrPeerFailed:
+		return e.Status.peerFailure()
+	case ErrMessageLength:
+		return e.Status == StatusMessageTruncated
+	case ErrTimeout:
+		return e.Status == StatusTimedOut
+	}
+	return false
+}
+
+func statusError(fn string, s C.ucs_status_t) error {
+	if s == C.UCS_OK {
+		return nil
+	}
+	return &StatusError{Func: fn, Status: Status(s)}
+}
+
+// LengthError is a received message whose length is not the total of the
+// receive's segments. UCX itself reports only messages that are too long.
+type LengthError struct {
+	Expected int64
+	Got      int64
+}
+
+func (e *LengthError) Error() string {
+	return fmt.Sprintf("ucx: received %d bytes, expected %d", e.Got, e.Expected)
+}
+
+// Is matches ErrMessageLength.
+func (e *LengthError) Is(target error) bool { return target == ErrMessageLength }
+
+// PeerError is an operation that could not complete because its peer's
+// endpoint failed (Status is what UCX reported for the endpoint) or was
+// force-closed after an earlier failure.
+type PeerError struct {
+	Rank   int
+	Status Status
+}
+
+func (e *PeerError) Error() string {
+	if e.Status == StatusCanceled {
+		return fmt.Sprintf("ucx: endpoint to rank %d was closed after an earlier failure", e.Rank)
+	}
+	return fmt.Sprintf("ucx: endpoint to rank %d failed: %s", e.Rank, e.Status)
+}
+
+// Is matches ErrPeerFailed.
+func (e *PeerError) Is(target error) bool { return target == ErrPeerFailed }
+
+// OpError is one operation of a batch that failed or was still pending.
+type OpError struct {
+	Peer  int
+	Tag   uint64
+	Send  bool
+	Bytes int64
+	Err   error
+}
+
+// Op describes the operation as "recv from rank 1 (tag 0x2a, 2048 bytes)".
+func (e *OpError) Op() string {
+	if e.Send {
+		return fmt.Sprintf("send to rank %d (tag %#x, %d bytes)", e.Peer, e.Tag, e.Bytes)
+	}
+	return fmt.Sprintf("recv from rank %d (tag %#x, %d bytes)", e.Peer, e.Tag, e.Bytes)
+}
+
+func (e *OpError) Error() string {
+	return e.Op() + ": " + strings.TrimPrefix(e.Err.Error(), "ucx: ")
+}
+
+func (e *OpError) Unwrap() error { return e.Err }
+
+// WaitError is a failed Batch.Wait: every operation that failed or was
+// still pending, in batch order (receives, then sends).
+type WaitError struct {
+	Ops   []*OpError
+	Total int // operations in the batch
+}
+
+func (e *WaitError) Error() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "ucx: wait: %d of %d operations failed: ", len(e.Ops), e.Total)
+	for i, op := range e.Ops {
+		if i > 0 {
+			b.WriteString("; ")
+		}
+		b.WriteString(op.Error())
+	}
+	return b.String()
+}
+
+// Unwrap exposes every operation's error to errors.Is and errors.As.
+func (e *WaitError) Unwrap() []error {
+	errs := make([]error, len(e.Ops))
+	for i, op := range e.Ops {
+		errs[i] = op
+	}
+	return errs
+}

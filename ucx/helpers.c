@@ -1,0 +1,595 @@
+/*
+ * C helpers of package ucx; see helpers.h. Every loop that polls UCX lives
+ * here so that Go crosses into C once per Post and once per Wait.
+ */
+#define _GNU_SOURCE
+#include "helpers.h"
+
+#include <dlfcn.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* Polls between two looks at the clock (and at requests that might have
+ * completed without the progress call reporting an event). A poll of an idle
+ * shared-memory worker costs tens of nanoseconds, so this is a few
+ * microseconds of deadline resolution. */
+#define HUX_CLOCK_EVERY 256
+
+static inline int64_t hux_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static inline int64_t hux_end_ns(int64_t timeout_ns)
+{
+    if (timeout_ns < 0) {
+        return INT64_MAX;
+    }
+    return hux_now_ns() + timeout_ns;
+}
+
+/* ---- signals ---------------------------------------------------------- */
+
+typedef int (*hux_sigaction_fn)(int, const struct sigaction *,
+                                struct sigaction *);
+
+/* libc's own sigaction: libucs_signal (UCX's optional preload) interposes
+ * sigaction and silently refuses to replace UCX's error handlers. */
+static hux_sigaction_fn hux_libc_sigaction(void)
+{
+    hux_sigaction_fn fn = NULL;
+    void *libc;
+
+    libc = dlopen("libc.so.6", RTLD_LAZY | RTLD_NOLOAD);
+    if (libc != NULL) {
+        fn = (hux_sigaction_fn)dlsym(libc, "sigaction");
+        dlclose(libc);
+    }
+    return (fn != NULL) ? fn : sigaction;
+}
+
+static void *hux_handler(const struct sigaction *sa)
+{
+    return (sa->sa_flags & SA_SIGINFO) ? (void*)sa->sa_sigaction :
+                                         (void*)sa->sa_handler;
+}
+
+static int hux_handler_in_libucs(const struct sigaction *sa)
+{
+    const char *base;
+    void *handler = hux_handler(sa);
+    Dl_info info;
+
+    if ((handler == (void*)SIG_DFL) || (handler == (void*)SIG_IGN) ||
+        !dladdr(handler, &info) || (info.dli_fname == NULL)) {
+        return 0;
+    }
+    base = strrchr(info.dli_fname, '/');
+    base = (base != NULL) ? base + 1 : info.dli_fname;
+    return strncmp(base, "libucs", 6) == 0;
+}
+
+/*
+ * Give the signals that Go turns into panics back to Go where UCX's error
+ * handler holds them. SIGURG (Go's preemption signal) carries the Go runtime's
+ * handler in every build mode, so its action is the one to copy. UCX's record
+ * of the original action is left alone: if C code faults, Go forwards the
+ * signal to UCX's handler, which prints its backtrace and restores defaults.
+ * Returns how many handlers were replaced, or -1 if Go's was not found.
+ */
+int hux_reclaim_signals(void)
+{
+    static const int sigs[] = {SIGSEGV, SIGBUS, SIGFPE};
+    hux_sigaction_fn real = hux_libc_sigaction();
+    struct sigaction go, cur;
+    void *go_handler;
+    size_t i;
+    int n = 0;
+
+    if (real(SIGURG, NULL, &go) != 0) {
+        return -1;
+    }
+    go_handler = hux_handler(&go);
+    if ((go_handler == (void*)SIG_DFL) || (go_handler == (void*)SIG_IGN) ||
+        hux_handler_in_libucs(&go)) {
+        return -1;
+    }
+    for (i = 0; i < sizeof(sigs) / sizeof(sigs[0]); ++i) {
+        if ((real(sigs[i], NULL, &cur) == 0) && hux_handler_in_libucs(&cur) &&
+            (real(sigs[i], &go, NULL) == 0)) {
+            ++n;
+        }
+    }
+    return n;
+}
+
+/* ---- context and worker ------------------------------------------------ */
+
+ucs_status_t hux_config_read(ucp_config_t **config)
+{
+    return ucp_config_read(NULL, NULL, config);
+}
+
+ucs_status_t hux_init(ucp_config_t *config, int size, ucp_context_h *context)
+{
+    ucp_params_t params;
+
+    memset(&params, 0, sizeof(params));
+    params.field_mask        = UCP_PARAM_FIELD_FEATURES |
+                               UCP_PARAM_FIELD_MT_WORKERS_SHARED |
+                               UCP_PARAM_FIELD_ESTIMATED_NUM_EPS |
+                               UCP_PARAM_FIELD_NAME;
+    params.features          = UCP_FEATURE_TAG;
+    params.mt_workers_shared = 0;
+    params.estimated_num_eps = (size > 1) ? size - 1 : 1;
+    params.name              = "halo";
+    return ucp_init(&params, config, context);
+}
+
+ucs_status_t hux_worker_create(ucp_context_h context, ucp_worker_h *worker)
+{
+    ucp_worker_params_t params;
+
+    /* One goroutine at a time, but not always on the same OS thread. */
+    memset(&params, 0, sizeof(params));
+    params.field_mask  = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+    params.thread_mode = UCS_THREAD_MODE_SERIALIZED;
+    return ucp_worker_create(context, &params, worker);
+}
+
+ucs_status_t hux_worker_address(ucp_worker_h worker, void **addr, size_t *len)
+{
+    ucp_address_t *a;
+    ucs_status_t status;
+
+    status = ucp_worker_get_address(worker, &a, len);
+    if (status != UCS_OK) {
+        return status;
+    }
+    *addr = malloc(*len);
+    if (*addr == NULL) {
+        ucp_worker_release_address(worker, a);
+        return UCS_ERR_NO_MEMORY;
+    }
+    memcpy(*addr, a, *len);
+    ucp_worker_release_address(worker, a);
+    return UCS_OK;
+}
+
+/* ---- transport ---------------------------------------------------------- */
+
+hux_transport_t *hux_transport_new(int rank, int size)
+{
+    hux_transport_t *t;
+    int i;
+
+    t = calloc(1, sizeof(*t));
+    if (t == NULL) {
+        return NULL;
+    }
+    t->peers = calloc(size, sizeof(*t->peers));
+    if (t->peers == NULL) {
+        free(t);
+        return NULL;
+    }
+    for (i = 0; i < size; ++i) {
+        t->peers[i].rank = i;
+        t->peers[i].err  = UCS_OK;
+    }
+    t->rank = rank;
+    t->size = size;
+    return t;
+}
+
+static void hux_zombie_add(hux_transport_t *t, void *p)
+{
+    void **z;
+    int cap;
+
+    if (t->nzombies == t->capzombies) {
+        cap = (t->capzombies == 0) ? 16 : 2 * t->capzombies;
+        z   = realloc(t->zombies, cap * sizeof(*z));
+        if (z == NULL) {
+            return; /* leak rather than free memory UCX may still use */
+        }
+        t->zombies    = z;
+        t->capzombies = cap;
+    }
+    t->zombies[t->nzombies++] = p;
+}
+
+/* Expects every endpoint to be closed already (hux_ep_force_close). */
+void hux_transport_destroy(hux_transport_t *t)
+{
+    int i;
+
+    if (t->worker != NULL) {
+        ucp_worker_destroy(t->worker);
+    }
+    if (t->context != NULL) {
+        ucp_cleanup(t->context);
+    }
+    /* Only now can nothing read the batches UCX was still working on. */
+    for (i = 0; i < t->nzombies; ++i) {
+        free(t->zombies[i]);
+    }
+    free(t->zombies);
+    free(t->peers);
+    free(t);
+}
+
+/* ---- endpoints ----------------------------------------------------------- */
+
+/* Runs inside ucp_worker_progress, on the thread that drives the transport. */
+static void hux_ep_error(void *arg, ucp_ep_h ep, ucs_status_t status)
+{
+    hux_peer_t *p = arg;
+
+    (void)ep;
+    if (p->err == UCS_OK) {
+        p->err = status;
+    }
+}
+
+ucs_status_t hux_ep_create(hux_transport_t *t, int peer, const void *addr,
+                           int peer_err_mode)
+{
+    ucp_ep_params_t params;
+
+    memset(&params, 0, sizeof(params));
+    params.field_mask      = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS |
+                             UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                             UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    params.address         = (const ucp_address_t*)addr;
+    params.err_mode        = peer_err_mode ? UCP_ERR_HANDLING_MODE_PEER :
+                                             UCP_ERR_HANDLING_MODE_NONE;
+    /* Installed in both modes: without a callback UCX would only log a
+     * transport error, with it the peer is marked failed. */
+    params.err_handler.cb  = hux_ep_error;
+    params.err_handler.arg = &t->peers[peer];
+    return ucp_ep_create(t->worker, &params, &t->peers[peer].ep);
+}
+
+/*
+ * Closes an endpoint without asking the peer, which completes every request
+ * still on it with UCS_ERR_CANCELED: the only way to make UCX let go of a
+ * send buffer. Never waits for the peer, only (boundedly) for UCX; returns
+ * UCS_ERR_TIMED_OUT if UCX had not finished closing by then (the worker's
+ * destruction finishes it).
+ */
+ucs_status_t hux_ep_force_close(hux_transport_t *t, int peer, int64_t timeout_ns)
+{
+    hux_peer_t *p = &t->peers[peer];
+    ucp_request_param_t param;
+    ucs_status_ptr_t req;
+    ucs_status_t status;
+    int64_t end;
+
+    if (p->ep == NULL) {
+        return UCS_OK;
+    }
+    memset(&param, 0, sizeof(param));
+    param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    param.flags        = UCP_EP_CLOSE_FLAG_FORCE;
+    req                = ucp_ep_close_nbx(p->ep, &param);
+    p->ep              = NULL;
+    if (p->err == UCS_OK) {
+        p->err = UCS_ERR_CANCELED;
+    }
+    if ((req == NULL) || UCS_PTR_IS_ERR(req)) {
+        return UCS_OK; /* an error here is the failure we are closing for */
+    }
+    end = hux_end_ns(timeout_ns);
+    while ((status = ucp_request_check_status(req)) == UCS_INPROGRESS) {
+        ucp_worker_progress(t->worker);
+        if (hux_now_ns() >= end) {
+            return UCS_ERR_TIMED_OUT;
+        }
+    }
+    ucp_request_free(req);
+    return UCS_OK;
+}
+
+/* ---- batches -------------------------------------------------------------- */
+
+hux_batch_t *hux_batch_new(hux_transport_t *t, int nops, int nsegs, int nbases)
+{
+    hux_batch_t *b;
+
+    b = calloc(1, sizeof(*b));
+    if (b == NULL) {
+        return NULL;
+    }
+    b->tr      = t;
+    b->nops    = nops;
+    b->nbases  = nbases;
+    b->ops     = calloc((nops > 0) ? nops : 1, sizeof(*b->ops));
+    b->bases   = calloc((nbases > 0) ? nbases : 1, sizeof(*b->bases));
+    b->seg_off = calloc((nsegs > 0) ? nsegs : 1, sizeof(*b->seg_off));
+    b->iov     = calloc((nsegs > 0) ? nsegs : 1, sizeof(*b->iov));
+    if ((b->ops == NULL) || (b->bases == NULL) || (b->seg_off == NULL) ||
+        (b->iov == NULL)) {
+        free(b->ops);
+        free(b->bases);
+        free(b->seg_off);
+        free(b->iov);
+        free(b);
+        return NULL;
+    }
+    return b;
+}
+
+static void hux_op_finish(hux_batch_t *b, hux_op_t *op, ucs_status_t status)
+{
+    op->status = status;
+    if (!op->is_send &&
+        ((status == UCS_OK) || (status == UCS_ERR_MESSAGE_TRUNCATED))) {
+        /* For a truncated message this is the sender's length. */
+        op->received = op->info.length;
+    }
+    ucp_request_free(op->req);
+    op->req = NULL;
+    --b->pending;
+}
+
+/*
+ * Posts every operation: receives first (so that no message of this batch
+ * arrives unexpected because of our own ordering), then sends. An operation
+ * that cannot start gets its status now and is reported by Wait.
+ */
+void hux_batch_post(hux_batch_t *b)
+{
+    const uintptr_t *bases = b->bases;
+    hux_transport_t *t     = b->tr;
+    ucp_request_param_t param;
+    ucs_status_ptr_t sp;
+    hux_peer_t *p;
+    hux_op_t *op;
+    void *buf;
+    size_t count;
+    int i, s;
+
+    b->pending = 0;
+    b->first   = 0;
+    for (i = 0; i < b->nops; ++i) {
+        op            = &b->ops[i];
+        op->req       = NULL;
+        op->status    = UCS_INPROGRESS;
+        op->why       = HUX_WHY_NONE;
+        op->cancelled = 0;
+        op->received  = 0;
+        p             = &t->peers[op->peer];
+
+        param.op_attr_mask = UCP_OP_ATTR_FIELD_DATATYPE;
+        if (op->nseg > 1) {
+            for (s = 0; s < op->nseg; ++s) {
+                op->iov[s].buffer = (void*)(bases[op->base] + op->seg_off[s]);
+            }
+            buf            = op->iov;
+            count          = op->nseg;
+            param.datatype = ucp_dt_make_iov();
+        } else {
+            buf            = (void*)(bases[op->base] + op->off);
+            count          = op->bytes;
+            param.datatype = ucp_dt_make_contig(1);
+        }
+
+        /* A receive from a failed peer would wait forever: tag matching
+         * does not know about endpoints. */
+        if ((p->err != UCS_OK) || (p->ep == NULL)) {
+            op->status = (p->err != UCS_OK) ? p->err : UCS_ERR_NOT_CONNECTED;
+            op->why    = HUX_WHY_PEER;
+            continue;
+        }
+
+        if (op->is_send) {
+            sp = ucp_tag_send_nbx(p->ep, buf, count, op->tag, &param);
+        } else {
+            /* UCX 1.13 documents recv_info for an immediate completion but
+             * never fills it in: without a request the received length
+             * would be unknown, and a short message would go unnoticed. */
+            param.op_attr_mask |= UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
+            sp = ucp_tag_recv_nbx(t->worker, buf, count, op->tag,
+                                  (ucp_tag_t)-1, &param);
+        }
+
+        if (sp == NULL) {
+            op->status = UCS_OK; /* a send (receives always get a request) */
+        } else if (UCS_PTR_IS_ERR(sp)) {
+            op->status = UCS_PTR_STATUS(sp);
+        } else {
+            op->req = sp;
+            ++b->pending;
+        }
+    }
+}
+
+/* Collects completed requests; cancels receives whose peer has failed. */
+static void hux_batch_reap(hux_batch_t *b)
+{
+    hux_transport_t *t = b->tr;
+    ucs_status_t status;
+    hux_op_t *op;
+    int i, first = -1;
+
+    for (i = b->first; i < b->nops; ++i) {
+        op = &b->ops[i];
+        if (op->req == NULL) {
+            continue;
+        }
+        if (op->is_send) {
+            status = ucp_request_check_status(op->req);
+        } else {
+            status = ucp_tag_recv_request_test(op->req, &op->info);
+        }
+        if (status != UCS_INPROGRESS) {
+            hux_op_finish(b, op, status);
+            continue;
+        }
+        if (first < 0) {
+            first = i;
+        }
+        if (!op->is_send && !op->cancelled &&
+            (t->peers[op->peer].err != UCS_OK)) {
+            op->why       = HUX_WHY_PEER;
+            op->cancelled = 1;
+            ucp_request_cancel(t->worker, op->req);
+        }
+    }
+    b->first = (first < 0) ? b->nops : first;
+}
+
+/* Progresses until reap leaves nothing pending, or end passes. */
+static int hux_batch_drain(hux_batch_t *b, int64_t end)
+{
+    ucp_worker_h worker = b->tr->worker;
+
+    hux_batch_reap(b);
+    while (b->pending > 0) {
+        ucp_worker_progress(worker);
+        hux_batch_reap(b);
+        if (hux_now_ns() >= end) {
+            break;
+        }
+    }
+    return b->pending;
+}
+
+/*
+ * Ends every outstanding operation: receives are cancelled; whatever is still
+ * outstanding after a grace period (sends, which UCX cannot cancel, and
+ * receives already matched to a message in flight) is completed by
+ * force-closing its peer's endpoint. When this returns, UCX holds no
+ * reference to the batch's buffers, except for requests it failed to finish
+ * even then: those and the batch's I/O vectors are kept until the worker is
+ * destroyed.
+ */
+void hux_batch_abort(hux_batch_t *b, int why)
+{
+    hux_transport_t *t = b->tr;
+    hux_op_t *op;
+    int i;
+
+    hux_batch_reap(b);
+    for (i = b->first; i < b->nops; ++i) {
+        op = &b->ops[i];
+        if (op->req == NULL) {
+            continue;
+        }
+        if (op->why == HUX_WHY_NONE) {
+            op->why = why;
+        }
+        if (!op->is_send && !op->cancelled) {
+            op->cancelled = 1;
+            ucp_request_cancel(t->worker, op->req);
+        }
+    }
+    if (hux_batch_drain(b, hux_end_ns(t->grace_ns)) == 0) {
+        return;
+    }
+
+    for (i = b->first; i < b->nops; ++i) {
+        op = &b->ops[i];
+        if (op->req != NULL) {
+            hux_ep_force_close(t, op->peer, t->grace_ns);
+        }
+    }
+    if (hux_batch_drain(b, hux_end_ns(t->grace_ns)) == 0) {
+        return;
+    }
+
+    /* UCX did not let go: let the worker's destruction end these. */
+    for (i = b->first; i < b->nops; ++i) {
+        op = &b->ops[i];
+        if (op->req != NULL) {
+            op->status = UCS_ERR_CANCELED;
+            op->req    = NULL;
+            --b->pending;
+        }
+    }
+    b->zombie = 1;
+}
+
+/*
+ * The Wait loop: progress, spinning up to t->spin idle polls before yielding
+ * the CPU, until every operation has finished or the deadline has passed (then
+ * the batch is aborted). Requests are examined after a poll that made
+ * progress; requests and clock are examined every HUX_CLOCK_EVERY polls while
+ * spinning and after every yield (which may give the CPU away for a whole
+ * time slice).
+ */
+int hux_batch_wait(hux_batch_t *b, int64_t timeout_ns)
+{
+    hux_transport_t *t  = b->tr;
+    ucp_worker_h worker = t->worker;
+    unsigned polls      = 0;
+    int idle            = 0;
+    int check;
+    int64_t end;
+
+    hux_batch_reap(b);
+    if (b->pending == 0) {
+        return HUX_WAIT_DONE;
+    }
+    end = hux_end_ns(timeout_ns);
+    for (;;) {
+        if (ucp_worker_progress(worker) != 0) {
+            idle = 0;
+            hux_batch_reap(b);
+            if (b->pending == 0) {
+                return HUX_WAIT_DONE;
+            }
+        }
+        check = (++polls % HUX_CLOCK_EVERY) == 0;
+        if ((t->spin >= 0) && (++idle > t->spin)) {
+            sched_yield();
+            check = 1;
+        }
+        if (check) {
+            hux_batch_reap(b);
+            if (b->pending == 0) {
+                return HUX_WAIT_DONE;
+            }
+            if (hux_now_ns() >= end) {
+                hux_batch_abort(b, HUX_WHY_DEADLINE);
+                return HUX_WAIT_DEADLINE;
+            }
+        }
+    }
+}
+
+void hux_batch_destroy(hux_batch_t *b)
+{
+    if (b->pending > 0) {
+        hux_batch_abort(b, HUX_WHY_DEADLINE);
+    }
+    free(b->ops);
+    free(b->bases);
+    if (b->zombie) {
+        /* UCX may still read the I/O vectors of a request it kept. */
+        hux_zombie_add(b->tr, b->iov);
+    } else {
+        free(b->iov);
+    }
+    free(b->seg_off);
+    free(b);
+}
+
+/* ---- memory ------------------------------------------------------------------ */
+
+/* Page-aligned and zeroed, so that large messages start on a page boundary. */
+void *hux_alloc(size_t n)
+{
+    void *p = NULL;
+
+    if (posix_memalign(&p, 4096, (n > 0) ? n : 1) != 0) {
+        return NULL;
+    }
+    memset(p, 0, n);
+    return p;
+}

@@ -1,0 +1,110 @@
+/*
+ * C side of package ucx: the state UCX may touch (peers, operations, I/O
+ * vectors) lives in C memory declared here, and the loops that would
+ * otherwise cross from Go to C once per poll (post a batch, progress until it
+ * is done, abort it) are single C calls. Nothing here holds a Go pointer.
+ */
+#ifndef HALO_UCX_HELPERS_H
+#define HALO_UCX_HELPERS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <ucp/api/ucp.h>
+
+/* Why an operation ended without success (hux_op_t.why). */
+enum {
+    HUX_WHY_NONE     = 0, /* see hux_op_t.status */
+    HUX_WHY_PEER     = 1, /* its peer's endpoint failed or was closed */
+    HUX_WHY_DEADLINE = 2  /* still pending when the deadline passed */
+};
+
+/* Return values of hux_batch_wait. */
+enum {
+    HUX_WAIT_DONE     = 0, /* every operation finished (each has a status) */
+    HUX_WAIT_DEADLINE = 1  /* the deadline passed; the batch was aborted */
+};
+
+typedef struct hux_peer {
+    ucp_ep_h     ep;     /* NULL before Connect and after a force close */
+    ucs_status_t err;    /* UCS_OK while healthy; first failure otherwise */
+    int          rank;
+} hux_peer_t;
+
+typedef struct hux_transport {
+    ucp_context_h context;
+    ucp_worker_h  worker;
+    hux_peer_t   *peers;       /* size entries, index = rank */
+    int           size;
+    int           rank;
+    int           spin;        /* idle polls before sched_yield; < 0: never */
+    int64_t       grace_ns;    /* how long an abort waits for cancellations */
+    /* Requests UCX could not finish within an abort's grace period, and the
+     * batch memory they may still read; both are released by
+     * hux_transport_destroy after the worker (and so the requests) are gone. */
+    void        **zombies;
+    int           nzombies, capzombies;
+} hux_transport_t;
+
+typedef struct hux_op {
+    /* Set once by Prepare. */
+    ucp_tag_t     tag;       /* wire tag (sender rank in the top bits) */
+    int32_t       peer;
+    int32_t       is_send;
+    int32_t       base;      /* index into hux_batch_t.bases */
+    int32_t       nseg;
+    int64_t       off;       /* offset of the only segment when nseg <= 1 */
+    size_t        bytes;     /* sum of the segment lengths */
+    int64_t      *seg_off;   /* nseg offsets when nseg > 1 */
+    ucp_dt_iov_t *iov;       /* nseg entries when nseg > 1 */
+    /* Per post. */
+    void         *req;       /* outstanding UCX request, or NULL */
+    ucs_status_t  status;    /* UCS_INPROGRESS while pending */
+    int32_t       why;       /* HUX_WHY_* */
+    int32_t       cancelled; /* ucp_request_cancel was called */
+    size_t        received;  /* receive only: length UCX delivered */
+    ucp_tag_recv_info_t info;
+} hux_op_t;
+
+typedef struct hux_batch {
+    hux_transport_t *tr;
+    hux_op_t        *ops;     /* receives first, then sends */
+    int              nops;
+    int              pending; /* operations with an outstanding request */
+    int              first;   /* no request below this index is outstanding */
+    int              zombie;  /* UCX kept requests that may read iov */
+    uintptr_t       *bases;   /* nbases entries, written by Go before a post */
+    int              nbases;
+    int64_t         *seg_off; /* pool for the ops' seg_off arrays */
+    ucp_dt_iov_t    *iov;     /* pool for the ops' iov arrays */
+} hux_batch_t;
+
+/* Signals */
+int hux_reclaim_signals(void);
+
+/* Context and worker */
+ucs_status_t hux_config_read(ucp_config_t **config);
+ucs_status_t hux_init(ucp_config_t *config, int size, ucp_context_h *context);
+ucs_status_t hux_worker_create(ucp_context_h context, ucp_worker_h *worker);
+ucs_status_t hux_worker_address(ucp_worker_h worker, void **addr, size_t *len);
+
+/* Transport */
+hux_transport_t *hux_transport_new(int rank, int size);
+void hux_transport_destroy(hux_transport_t *t);
+
+/* Endpoints */
+ucs_status_t hux_ep_create(hux_transport_t *t, int peer, const void *addr,
+                           int peer_err_mode);
+ucs_status_t hux_ep_force_close(hux_transport_t *t, int peer, int64_t timeout_ns);
+
+/* Batches */
+hux_batch_t *hux_batch_new(hux_transport_t *t, int nops, int nsegs, int nbases);
+void hux_batch_post(hux_batch_t *b);
+int hux_batch_wait(hux_batch_t *b, int64_t timeout_ns);
+void hux_batch_abort(hux_batch_t *b, int why);
+void hux_batch_destroy(hux_batch_t *b);
+
+/* Memory */
+void *hux_alloc(size_t n);
+
+#endif /* HALO_UCX_HELPERS_H */

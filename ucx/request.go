@@ -1,0 +1,289 @@
+package ucx
+
+/*
+#include "helpers.h"
+*/
+import "C"
+
+import (
+	"errors"
+	"fmt"
+	"time"
+	"unsafe"
+)
+
+// Segment is a byte range at an offset from an Op's base address.
+type Segment struct {
+	Off int64
+	Len int64
+}
+
+// Op is one tagged message. A receive must arrive with exactly the total
+// length of its segments. One segment is sent or received as contiguous
+// memory, several as a UCX I/O vector (UCP_DATATYPE_IOV).
+type Op struct {
+	Peer int
+	Tag  uint64 // must fit in Transport.TagBits bits
+	Send bool
+	Base int // index into the bases passed to Batch.Post
+	Segs []Segment
+}
+
+// Batch is a prepared list of operations, posted and waited for as a whole.
+// Its operation descriptions (and I/O vectors) live in C memory until Close.
+type Batch struct {
+	t     *Transport
+	c     *C.hux_batch_t // nil once closed
+	ops   []C.hux_op_t   // over c.ops
+	bases []C.uintptr_t  // over c.bases
+	info  []opInfo       // same order as ops, for error messages
+	// posted is true from a Post until the Wait that ends it.
+	posted bool
+}
+
+type opInfo struct {
+	peer  int
+	tag   uint64
+	send  bool
+	bytes int64
+}
+
+var (
+	errNotPosted     = errors.New("ucx: wait: batch is not posted")
+	errAlreadyPosted = errors.New("ucx: post: batch is already posted; Wait first")
+	errZombie        = errors.New("ucx: post: UCX did not release this batch's last operations even after force-closing their endpoints; the batch can only be closed")
+)
+
+// Prepare checks and stores ops for repeated use. Receives are posted before
+// sends, each group in the order given.
+func (t *Transport) Prepare(ops []Op) (*Batch, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.c == nil {
+		return nil, ErrClosed
+	}
+
+	order := make([]int, 0, len(ops))
+	nsegs, nbases := 0, 0
+	for i, op := range ops {
+		if err := t.checkOp(op); err != nil {
+			return nil, fmt.Errorf("ucx: prepare: op %d: %w", i, err)
+		}
+		if !op.Send {
+			order = append(order, i)
+		}
+		if len(op.Segs) > 1 {
+			nsegs += len(op.Segs)
+		}
+		nbases = max(nbases, op.Base+1)
+	}
+	for i, op := range ops {
+		if op.Send {
+			order = append(order, i)
+		}
+	}
+
+	c := C.hux_batch_new(t.c, C.int(len(ops)), C.int(nsegs), C.int(nbases))
+	if c == nil {
+		return nil, statusError("prepare", C.UCS_ERR_NO_MEMORY)
+	}
+	b := &Batch{
+		t:     t,
+		c:     c,
+		ops:   unsafe.Slice(c.ops, len(ops)),
+		bases: unsafe.Slice(c.bases, nbases),
+		info:  make([]opInfo, len(ops)),
+	}
+	segOff := unsafe.Slice(c.seg_off, max(nsegs, 1))
+	iov := unsafe.Slice(c.iov, max(nsegs, 1))
+	next := 0
+	for j, i := range order {
+		op := ops[i]
+		sender := op.Peer
+		if op.Send {
+			sender = t.rank
+		}
+		var bytes int64
+		for _, s := range op.Segs {
+			bytes += s.Len
+		}
+		co := &b.ops[j]
+		co.tag = C.ucp_tag_t(t.wireTag(op.Tag, sender))
+		co.peer = C.int32_t(op.Peer)
+		co.is_send = 0
+		if op.Send {
+			co.is_send = 1
+		}
+		co.base = C.int32_t(op.Base)
+		co.nseg = C.int32_t(len(op.Segs))
+		co.bytes = C.size_t(bytes)
+		co.status = C.UCS_OK
+		switch len(op.Segs) {
+		case 0:
+		case 1:
+			co.off = C.int64_t(op.Segs[0].Off)
+		default:
+			co.seg_off = &segOff[next]
+			co.iov = &iov[next]
+			for k, s := range op.Segs {
+				segOff[next+k] = C.int64_t(s.Off)
+				iov[next+k].length = C.size_t(s.Len)
+			}
+			next += len(op.Segs)
+		}
+		b.info[j] = opInfo{peer: op.Peer, tag: op.Tag, send: op.Send, bytes: bytes}
+	}
+	t.batches[b] = struct{}{}
+	return b, nil
+}
+
+func (t *Transport) checkOp(op Op) error {
+	switch {
+	case op.Peer < 0 || op.Peer >= t.size:
+		return fmt.Errorf("peer %d is not a rank of a group of %d", op.Peer, t.size)
+	case op.Peer == t.rank:
+		return fmt.Errorf("peer %d is this rank", op.Peer)
+	case op.Base < 0:
+		return fmt.Errorf("negative base index %d", op.Base)
+	case t.rankBits > 0 && op.Tag>>(64-t.rankBits) != 0:
+		return fmt.Errorf("tag %#x does not fit in %d bits", op.Tag, 64-t.rankBits)
+	}
+	var total int64
+	for k, s := range op.Segs {
+		if s.Off < 0 || s.Len < 0 {
+			return fmt.Errorf("segment %d has a negative offset or length", k)
+		}
+		total += s.Len
+		if total < 0 {
+			return fmt.Errorf("segments overflow")
+		}
+	}
+	return nil
+}
+
+// wireTag puts the sender's rank in the top bits of tag.
+func (t *Transport) wireTag(tag uint64, sender int) uint64 {
+	if t.rankBits == 0 {
+		return tag
+	}
+	return tag | uint64(sender)<<(64-t.rankBits)
+}
+
+// Post starts every operation, receives first, with segment addresses
+// bases[op.Base]+seg.Off. The memory must stay valid until Wait returns.
+// Operations that cannot start (for example because their peer has failed)
+// are reported by Wait.
+func (b *Batch) Post(bases []uintptr) error {
+	t := b.t
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if b.c == nil {
+		return ErrClosed
+	}
+	if !t.connected {
+		return errNotConnected
+	}
+	if b.posted {
+		return errAlreadyPosted
+	}
+	if b.c.zombie != 0 {
+		return errZombie
+	}
+	if len(bases) < len(b.bases) {
+		return fmt.Errorf("ucx: post: %d bases for a batch that uses %d", len(bases), len(b.bases))
+	}
+	for i := range b.bases {
+		b.bases[i] = C.uintptr_t(bases[i])
+	}
+	C.hux_batch_post(b.c)
+	b.posted = true
+	return nil
+}
+
+// Wait progresses until every posted operation has completed or the
+// deadline has passed (a zero deadline waits without limit). It returns nil
+// only if every operation succeeded and every receive got exactly its
+// length; otherwise a *WaitError naming each failed or pending operation,
+// matching ErrTimeout, ErrPeerFailed or ErrMessageLength as they apply. After
+// a deadline, receives are cancelled and endpoints with sends still pending
+// are force-closed, so the caller's memory is free again when Wait returns;
+// the transport should then be considered broken.
+func (b *Batch) Wait(deadline time.Time) error {
+	t := b.t
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if b.c == nil {
+		return ErrClosed
+	}
+	if !b.posted {
+		return errNotPosted
+	}
+	timeout := int64(-1)
+	if !deadline.IsZero() {
+		timeout = max(int64(time.Until(deadline)), 0)
+	}
+	C.hux_batch_wait(b.c, C.int64_t(timeout))
+	b.posted = false
+	for i := range b.ops {
+		op := &b.ops[i]
+		if op.status != C.UCS_OK || (op.is_send == 0 && op.received != op.bytes) {
+			return b.failure()
+		}
+	}
+	return nil
+}
+
+// failure describes every operation of the last post that did not succeed.
+func (b *Batch) failure() error {
+	werr := &WaitError{Total: len(b.ops)}
+	for i := range b.ops {
+		op := &b.ops[i]
+		info := b.info[i]
+		var err error
+		switch st := Status(op.status); {
+		case st == StatusOK && op.is_send == 0 && op.received != op.bytes:
+			err = &LengthError{Expected: info.bytes, Got: int64(op.received)}
+		case st == StatusOK:
+			continue
+		case op.why == C.HUX_WHY_DEADLINE:
+			err = ErrTimeout
+		case op.why == C.HUX_WHY_PEER:
+			err = &PeerError{Rank: info.peer, Status: Status(b.t.peer(info.peer).err)}
+		case st == StatusMessageTruncated:
+			err = &LengthError{Expected: info.bytes, Got: int64(op.received)}
+		case st.peerFailure():
+			err = &PeerError{Rank: info.peer, Status: st}
+		default:
+			fn := "ucp_tag_recv_nbx"
+			if info.send {
+				fn = "ucp_tag_send_nbx"
+			}
+			err = &StatusError{Func: fn, Status: st}
+		}
+		werr.Ops = append(werr.Ops, &OpError{
+			Peer: info.peer, Tag: info.tag, Send: info.send, Bytes: info.bytes, Err: err,
+		})
+	}
+	return werr
+}
+
+// Close releases the batch. A batch still posted is aborted first, as after
+// a deadline. Close is safe to call more than once.
+func (b *Batch) Close() error {
+	t := b.t
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if b.c == nil {
+		return nil
+	}
+	b.destroy()
+	return nil
+}
+
+// destroy frees the batch's C memory; t.mu must be held.
+func (b *Batch) destroy() {
+	C.hux_batch_destroy(b.c)
+	delete(b.t.batches, b)
+	b.c, b.ops, b.bases = nil, nil, nil
+	b.posted = false
+}

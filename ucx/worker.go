@@ -1,0 +1,31 @@
+package ucx
+
+/*
+#include <stdlib.h>
+#include "helpers.h"
+*/
+import "C"
+
+import "unsafe"
+
+// initWorker creates the transport's worker and keeps a copy of its address.
+func (t *Transport) initWorker() error {
+	if st := C.hux_worker_create(t.c.context, &t.c.worker); st != C.UCS_OK {
+		t.c.worker = nil
+		return statusError("ucp_worker_create", st)
+	}
+	var addr unsafe.Pointer
+	var n C.size_t
+	if st := C.hux_worker_address(t.c.worker, &addr, &n); st != C.UCS_OK {
+		return statusError("ucp_worker_get_address", st)
+	}
+	t.addr = C.GoBytes(addr, C.int(n))
+	C.free(addr)
+	return nil
+}
+
+// Address returns this worker's address, to be given to every peer's
+// Connect. The slice is shared; do not modify it.
+func (t *Transport) Address() []byte {
+	return t.addr
+}
