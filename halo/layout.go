@@ -96,6 +96,8 @@ type walk struct {
 	outer   []int64   // coalesced outer shape, row-major
 	strides [][]int64 // per operand, per outer dim, in elements
 	base    []int64   // per operand, offset of the first element, in elements
+	off     []int64   // scratch for each: a walk is used by one goroutine at a time
+	idx     []int64
 }
 
 // newWalk builds the walk of the box shape over operands with the given
@@ -161,6 +163,8 @@ func newWalk(shape []int64, strides [][]int64, base []int64) walk {
 			w.strides[j] = append(w.strides[j], x.s[j])
 		}
 	}
+	w.off = make([]int64, k)
+	w.idx = make([]int64, len(w.outer))
 	return w
 }
 
@@ -182,8 +186,9 @@ func (w *walk) each(fn func(off []int64)) {
 	if w.run == 0 {
 		return
 	}
-	off := append([]int64(nil), w.base...)
-	idx := make([]int64, len(w.outer))
+	off, idx := w.off, w.idx
+	copy(off, w.base)
+	clear(idx)
 	for {
 		fn(off)
 		i := len(idx) - 1
