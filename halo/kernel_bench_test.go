@@ -1,0 +1,37 @@
+package halo
+
+import (
+	"testing"
+	"unsafe"
+)
+
+// Kernel throughput, for choosing implementations (bench/RESULTS.md).
+func benchAdd(b *testing.B, d DType) {
+	n := (2 << 20) / d.Size()
+	dst, src := make([]byte, 2<<20), make([]byte, 2<<20)
+	b.SetBytes(2 << 20)
+	for i := 0; i < b.N; i++ {
+		addInto(d, unsafe.Pointer(&dst[0]), unsafe.Pointer(&src[0]), n)
+	}
+}
+
+func BenchmarkAdd2MiBFloat32(b *testing.B)  { benchAdd(b, Float32) }
+func BenchmarkAdd2MiBFloat64(b *testing.B)  { benchAdd(b, Float64) }
+func BenchmarkAdd2MiBFloat16(b *testing.B)  { benchAdd(b, Float16) }
+func BenchmarkAdd2MiBBFloat16(b *testing.B) { benchAdd(b, BFloat16) }
+
+func BenchmarkAddZero2MiBFloat32(b *testing.B) {
+	dst := make([]byte, 2<<20)
+	b.SetBytes(2 << 20)
+	for i := 0; i < b.N; i++ {
+		addZero(Float32, unsafe.Pointer(&dst[0]), len(dst)/4)
+	}
+}
+
+func BenchmarkCopy2MiB(b *testing.B) {
+	dst, src := make([]byte, 2<<20), make([]byte, 2<<20)
+	b.SetBytes(2 << 20)
+	for i := 0; i < b.N; i++ {
+		copy(dst, src)
+	}
+}
