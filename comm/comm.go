@@ -42,6 +42,10 @@ type Config struct {
 	// ExternalServer: the rendezvous is a shared halod serve; rank 0 does
 	// not host one. HALO_RENDEZVOUS_EXTERNAL=1.
 	ExternalServer bool
+	// DetectPeerFailure turns on UCX peer error handling: a dead peer fails
+	// the exchange within about a second instead of at the deadline, at the
+	// cost of single-copy large messages. HALO_DETECT_PEER_FAILURE=1.
+	DetectPeerFailure bool
 }
 
 // DefaultRendezvous is where rank 0 listens when nothing else is said.
@@ -100,6 +104,9 @@ func (c *Config) fill() error {
 	if os.Getenv("HALO_RENDEZVOUS_EXTERNAL") == "1" {
 		c.ExternalServer = true
 	}
+	if os.Getenv("HALO_DETECT_PEER_FAILURE") == "1" {
+		c.DetectPeerFailure = true
+	}
 	for _, d := range []struct {
 		p   *time.Duration
 		env string
@@ -146,7 +153,13 @@ func New(cfg Config) (*Comm, error) {
 	if err := cfg.fill(); err != nil {
 		return nil, err
 	}
-	t, err := ucx.Open(cfg.Rank, cfg.Size, ucx.DefaultOptions())
+	// UCX 1.13 drops its single-copy CMA transport from endpoints with peer
+	// error handling: 2 MiB halos then take 400 us instead of 200-265 us
+	// (bench/RESULTS.md). So by default a dead peer is noticed at the
+	// deadline; DetectPeerFailure notices it within about a second.
+	opts := ucx.DefaultOptions()
+	opts.PeerErrorHandling = cfg.DetectPeerFailure
+	t, err := ucx.Open(cfg.Rank, cfg.Size, opts)
 	if err != nil {
 		return nil, fmt.Errorf("rank %d: opening UCX: %w", cfg.Rank, err)
 	}
