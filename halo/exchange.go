@@ -55,25 +55,24 @@ func (p *Plan) build() error {
 
 	// Backward: source grad_out (base 0) -> destination grad_x (base 1).
 	// Gradients of our slices come back from the ranks we sent them to, and
-	// are added in the order of `out`; edge ranks add +0 where the reference
-	// adds its zero tensor.
+	// are added in the order of `out`. Edge ranks add +0 where the reference
+	// adds its zero tensor; x+0 commutes bitwise with the other additions (it
+	// only turns -0 into +0 and quiets NaNs), so that pass runs while the
+	// wire works.
 	b := &p.bwd
 	b.srcExt, _ = extent(outShape, s.GradOutStrides, p.elem)
 	b.dstExt, _ = extent(s.Shape, s.GradXStrides, p.elem)
 	var bops []Op
 	W := p.g.Size()
-	zeroLast := func() {
-		if me == W-1 && L > 0 && n > 0 {
-			bx, o := p.box(s.Shape, s.GradXStrides, n-min(L, n), n)
-			b.add = append(b.add, staged{w: newWalk(bx, [][]int64{s.GradXStrides}, []int64{o}), buf: -1})
-		}
+	if me == W-1 && L > 0 && n > 0 {
+		bx, o := p.box(s.Shape, s.GradXStrides, n-min(L, n), n)
+		b.addZero = append(b.addZero, newWalk(bx, [][]int64{s.GradXStrides}, []int64{o}))
 	}
-	leftDone := false
+	if me == 0 && R > 0 && n > 0 {
+		bx, o := p.box(s.Shape, s.GradXStrides, 0, min(R, n))
+		b.addZero = append(b.addZero, newWalk(bx, [][]int64{s.GradXStrides}, []int64{o}))
+	}
 	for _, m := range out {
-		if m.side == sideRight && !leftDone {
-			zeroLast()
-			leftDone = true
-		}
 		op, err := p.recvOp(b, s.Shape, s.GradXStrides, m.lo-off, m.hi-off, m.dst, tag(p.id, phaseBackward), true)
 		if err != nil {
 			return err
@@ -81,13 +80,6 @@ func (p *Plan) build() error {
 		if op != nil {
 			bops = append(bops, *op)
 		}
-	}
-	if !leftDone {
-		zeroLast()
-	}
-	if me == 0 && R > 0 && n > 0 {
-		bx, o := p.box(s.Shape, s.GradXStrides, 0, min(R, n))
-		b.add = append(b.add, staged{w: newWalk(bx, [][]int64{s.GradXStrides}, []int64{o}), buf: -1})
 	}
 	for _, m := range in {
 		op, err := p.sendOp(b, outShape, s.GradOutStrides, m.lo-off+L, m.hi-off+L, m.src, tag(p.id, phaseBackward))
@@ -241,6 +233,9 @@ func (p *Plan) run(s *schedule, src, dst unsafe.Pointer, what, srcName, dstName 
 	if !aliased {
 		copyRuns(&s.interior, p.elem, dst, src)
 	}
+	for i := range s.addZero {
+		addZeroRuns(&s.addZero[i], p.spec.DType, dst)
+	}
 	if s.batch != nil {
 		if err := s.batch.Wait(time.Now().Add(p.g.opts.Timeout)); err != nil {
 			return p.g.fail(fmt.Errorf("rank %d: %s of plan %d: %w", me, what, p.id, err))
@@ -249,12 +244,8 @@ func (p *Plan) run(s *schedule, src, dst unsafe.Pointer, what, srcName, dstName 
 	for _, st := range s.unpack {
 		copyRuns(&st.w, p.elem, dst, stagingPtr(s, st.buf))
 	}
-	for _, st := range s.add {
-		if st.buf < 0 {
-			addZeroRuns(&st.w, p.spec.DType, dst)
-		} else {
-			addRuns(&st.w, p.spec.DType, dst, stagingPtr(s, st.buf))
-		}
+	for i := range s.add {
+		addRuns(&s.add[i].w, p.spec.DType, dst, stagingPtr(s, s.add[i].buf))
 	}
 	return nil
 }

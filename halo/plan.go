@@ -61,7 +61,7 @@ type schedule struct {
 	unpack   []staged // after Wait: destination <- staging
 	add      []staged // after Wait, in order: destination += staging
 	zero     []walk   // destination slices to clear (forward padding)
-	addZero  []walk   // destination slices to add +0 to (see addZero)
+	addZero  []walk   // destination slices to add +0 to, before Wait (see addZero)
 	interior walk     // destination <- source, unless they alias
 	alias    int64    // byte offset of the source inside the destination when aliased
 	srcExt   int64    // byte extents, for the overlap check
