@@ -1,16 +1,35 @@
 // The public C names of libhalo: thin wrappers over the Go exports, so that
 // include/halo.h never depends on cgo's generated header, and so that the
 // last-error text lives in this thread's C buffer with no ownership puzzles.
+#include <pthread.h>
 #include <stdlib.h>
 #include "halo.h"
 #include "_cgo_export.h"
 
+// The per-thread message buffer is allocated on first use: a __thread array
+// would take static TLS, of which a library loaded at run time (ctypes,
+// dlopen) gets only a few hundred bytes.
 #define HALO_ERRLEN 2048
-static __thread char last_error[HALO_ERRLEN];
+static pthread_key_t error_key;
+static pthread_once_t error_once = PTHREAD_ONCE_INIT;
+static void make_error_key(void) { pthread_key_create(&error_key, free); }
+
+static char *error_buffer(void) {
+    pthread_once(&error_once, make_error_key);
+    char *b = pthread_getspecific(error_key);
+    if (b == NULL && (b = calloc(1, HALO_ERRLEN)) != NULL && pthread_setspecific(error_key, b) != 0) {
+        free(b);
+        b = NULL;
+    }
+    return b;
+}
 
 int halo_version_number(void) { return HALO_VERSION_NUMBER; }
 const char *halo_version_string(void) { return HALO_VERSION_STRING; }
-const char *halo_last_error(void) { return last_error; }
+const char *halo_last_error(void) {
+    const char *b = error_buffer();
+    return b ? b : "";
+}
 
 const char *halo_strerror(halo_result_t result) {
     switch (result) {
@@ -30,37 +49,37 @@ const char *halo_strerror(halo_result_t result) {
 }
 
 halo_result_t halo_comm_create(int rank, int world_size, const halo_comm_params_t *params, halo_comm_t *comm) {
-    return (halo_result_t)haloGoCommCreate(rank, world_size, (halo_comm_params_t *)params, comm, last_error, HALO_ERRLEN);
+    return (halo_result_t)haloGoCommCreate(rank, world_size, (halo_comm_params_t *)params, comm, error_buffer(), HALO_ERRLEN);
 }
 
 halo_result_t halo_comm_get_address(halo_comm_t comm, const void **address, size_t *length) {
-    return (halo_result_t)haloGoCommGetAddress((uintptr_t)comm, (void **)address, length, last_error, HALO_ERRLEN);
+    return (halo_result_t)haloGoCommGetAddress((uintptr_t)comm, (void **)address, length, error_buffer(), HALO_ERRLEN);
 }
 
 halo_result_t halo_comm_connect(halo_comm_t comm, const void *const *addresses, const size_t *lengths) {
-    return (halo_result_t)haloGoCommConnect((uintptr_t)comm, (void **)addresses, (size_t *)lengths, last_error, HALO_ERRLEN);
+    return (halo_result_t)haloGoCommConnect((uintptr_t)comm, (void **)addresses, (size_t *)lengths, error_buffer(), HALO_ERRLEN);
 }
 
 halo_result_t halo_comm_get_rank(halo_comm_t comm, int *rank, int *world_size) {
-    return (halo_result_t)haloGoCommGetRank((uintptr_t)comm, rank, world_size, last_error, HALO_ERRLEN);
+    return (halo_result_t)haloGoCommGetRank((uintptr_t)comm, rank, world_size, error_buffer(), HALO_ERRLEN);
 }
 
 halo_result_t halo_comm_destroy(halo_comm_t comm) {
-    return (halo_result_t)haloGoCommDestroy((uintptr_t)comm, last_error, HALO_ERRLEN);
+    return (halo_result_t)haloGoCommDestroy((uintptr_t)comm, error_buffer(), HALO_ERRLEN);
 }
 
 halo_result_t halo_plan_create(halo_comm_t comm, const halo_plan_params_t *params, halo_plan_t *plan) {
-    return (halo_result_t)haloGoPlanCreate((uintptr_t)comm, (halo_plan_params_t *)params, plan, last_error, HALO_ERRLEN);
+    return (halo_result_t)haloGoPlanCreate((uintptr_t)comm, (halo_plan_params_t *)params, plan, error_buffer(), HALO_ERRLEN);
 }
 
 halo_result_t halo_plan_forward(halo_plan_t plan, const void *x, void *out) {
-    return (halo_result_t)haloGoPlanRun((uintptr_t)plan, 0, (void *)x, out, last_error, HALO_ERRLEN);
+    return (halo_result_t)haloGoPlanRun((uintptr_t)plan, 0, (void *)x, out, error_buffer(), HALO_ERRLEN);
 }
 
 halo_result_t halo_plan_backward(halo_plan_t plan, const void *grad_out, void *grad_x) {
-    return (halo_result_t)haloGoPlanRun((uintptr_t)plan, 1, (void *)grad_out, grad_x, last_error, HALO_ERRLEN);
+    return (halo_result_t)haloGoPlanRun((uintptr_t)plan, 1, (void *)grad_out, grad_x, error_buffer(), HALO_ERRLEN);
 }
 
 halo_result_t halo_plan_destroy(halo_plan_t plan) {
-    return (halo_result_t)haloGoPlanDestroy((uintptr_t)plan, last_error, HALO_ERRLEN);
+    return (halo_result_t)haloGoPlanDestroy((uintptr_t)plan, error_buffer(), HALO_ERRLEN);
 }

@@ -1,0 +1,46 @@
+"""halocp — PyTorch bindings of libhalo: a drop-in ``cp_halo_exchange``.
+
+    from halocp import cp_halo_exchange
+    y = cp_halo_exchange(x, left_size, right_size, dim, group)
+
+The same signature and numbers as the torch.distributed reference, over
+libhalo (UCX) instead of torch.distributed P2P: no packing of boundary
+slabs, no zero halos and ``torch.cat`` per call, and errors instead of hangs.
+Pure Python over ``libhalo.so`` through ctypes; the library is found through
+``HALO_LIBRARY``, next to this package, in the source tree's ``build/lib``,
+or on the dynamic loader's path.
+"""
+
+from ._comm import Communicator, clear_plans, communicator, destroy_communicator
+from ._lib import (
+    ERR_COMM_FAILED,
+    ERR_INTERNAL,
+    ERR_INVALID_ARGUMENT,
+    ERR_INVALID_HANDLE,
+    ERR_INVALID_STATE,
+    ERR_MISMATCH,
+    ERR_PEER_FAILED,
+    ERR_RENDEZVOUS,
+    ERR_TIMEOUT,
+    ERR_TRANSPORT,
+    HaloError,
+    library_path,
+    version,
+)
+from .exchange import cp_halo_exchange, halo_exchange_
+from . import nn
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "cp_halo_exchange",
+    "halo_exchange_",
+    "HaloError",
+    "Communicator",
+    "communicator",
+    "clear_plans",
+    "destroy_communicator",
+    "version",
+    "library_path",
+    "nn",
+]

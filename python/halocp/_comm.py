@@ -1,0 +1,268 @@
+"""Communicators (one per process group) and their plan caches."""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import threading
+from collections import OrderedDict
+
+import torch
+import torch.distributed as dist
+
+from . import _lib
+from ._lib import HaloError
+
+# Plans a communicator keeps before it lets the least recently used go.
+# Eviction is local, so it stays in step across ranks exactly when the plan
+# lookups do (the same calls in the same order on every rank).
+PLAN_CACHE_SIZE = 64
+
+_DTYPES = {
+    torch.float32: _lib.FLOAT32,
+    torch.float64: _lib.FLOAT64,
+    torch.float16: _lib.FLOAT16,
+    torch.bfloat16: _lib.BFLOAT16,
+}
+
+
+def halo_dtype(dtype: torch.dtype) -> int:
+    try:
+        return _DTYPES[dtype]
+    except KeyError:
+        raise HaloError(
+            _lib.ERR_INVALID_ARGUMENT,
+            f"halocp: dtype {dtype} is not supported (float32, float64, float16 or bfloat16)",
+        ) from None
+
+
+class Plan:
+    """One libhalo plan: a layout, made collectively, run every step."""
+
+    __slots__ = ("comm", "handle", "_forward", "_backward")
+
+    def __init__(self, comm: "Communicator", handle: int):
+        self.comm = comm
+        self.handle = handle
+        L = _lib.lib()
+        self._forward, self._backward = L.halo_plan_forward, L.halo_plan_backward
+
+    def forward(self, x_ptr: int, out_ptr: int) -> None:
+        with self.comm.lock:
+            rc = self._forward(self.handle, x_ptr, out_ptr)
+            if rc:
+                raise _lib.error(rc, "halo_plan_forward")
+
+    def backward(self, grad_out_ptr: int, grad_x_ptr: int) -> None:
+        with self.comm.lock:
+            rc = self._backward(self.handle, grad_out_ptr, grad_x_ptr)
+            if rc:
+                raise _lib.error(rc, "halo_plan_backward")
+
+    def __del__(self):
+        # Local and never hangs. A plan evicted from the cache lives on while
+        # an autograd graph still holds it for its backward.
+        handle, self.handle = self.handle, None
+        if handle and not self.comm.closed:
+            try:
+                with self.comm.lock:
+                    _lib.lib().halo_plan_destroy(handle)
+            except Exception:  # interpreter shutdown
+                pass
+
+
+class Communicator:
+    """libhalo's communicator for one torch process group.
+
+    Made collectively on first use: every rank opens its transport, the
+    addresses travel through the group itself (``all_gather_object``), and
+    every rank connects. Use :func:`halocp.communicator` to get one.
+    """
+
+    def __init__(self, group, timeout: float | None = None):
+        self.group = group
+        self.rank = dist.get_rank(group)
+        self.world_size = dist.get_world_size(group)
+        if self.rank < 0:
+            raise HaloError(_lib.ERR_INVALID_ARGUMENT, "halocp: this process is not a member of the group")
+        self.timeout = timeout
+        self.lock = threading.RLock()
+        self.closed = False
+        self.handle = None
+        self._plans: OrderedDict[tuple, Plan] = OrderedDict()
+
+        # Every rank takes part in both gathers even when its own step failed,
+        # so a failure on one rank is an error on all of them, not a hang.
+        address, failure = None, None
+        try:
+            L = _lib.lib()
+            params = _lib.CommParams()
+            params.field_mask = _lib.COMM_PARAM_BOOTSTRAP
+            params.bootstrap = _lib.BOOTSTRAP_EXTERNAL
+            if timeout is not None:
+                if not timeout > 0:
+                    raise HaloError(_lib.ERR_INVALID_ARGUMENT, f"halocp: timeout must be positive seconds, not {timeout!r}")
+                params.field_mask |= _lib.COMM_PARAM_TIMEOUT
+                params.timeout_ms = max(1, round(timeout * 1000))
+            handle = ctypes.c_void_p()
+            _lib.check(L.halo_comm_create(self.rank, self.world_size, ctypes.byref(params), ctypes.byref(handle)),
+                       "halo_comm_create")
+            self.handle = handle.value
+            ptr, length = ctypes.c_void_p(), ctypes.c_size_t()
+            _lib.check(L.halo_comm_get_address(self.handle, ctypes.byref(ptr), ctypes.byref(length)),
+                       "halo_comm_get_address")
+            address = ctypes.string_at(ptr, length.value)
+        except HaloError as e:
+            failure = e
+        addresses = self._gather(address if failure is None else failure)
+        try:
+            n = self.world_size
+            bufs = [ctypes.create_string_buffer(a, len(a)) for a in addresses]
+            ptrs = (ctypes.c_void_p * n)(*[ctypes.cast(b, ctypes.c_void_p) for b in bufs])
+            lens = (ctypes.c_size_t * n)(*[len(a) for a in addresses])
+            _lib.check(L.halo_comm_connect(self.handle, ptrs, lens), "halo_comm_connect")
+        except HaloError as e:
+            failure = e
+        self._gather(failure)
+
+    def _gather(self, mine):
+        """all_gather_object that raises on every rank if any rank sent an error."""
+        everyone = [None] * self.world_size
+        dist.all_gather_object(everyone, mine if not isinstance(mine, HaloError) else ("error", mine.code, str(mine)),
+                               group=self.group)
+        if isinstance(mine, HaloError):
+            self.close()
+            raise mine
+        for r, v in enumerate(everyone):
+            if isinstance(v, tuple):
+                self.close()
+                raise HaloError(v[1], f"halocp: rank {r} could not set up its communicator: {v[2]}")
+        return everyone
+
+    def plan(self, key: tuple, make_params) -> Plan:
+        """The cached plan for key, or a new one made collectively from
+        make_params() (called on a miss only).
+
+        key must hold everything the plan depends on, on this rank: every rank
+        of the group looks its keys up in the same order and must miss
+        together (a rank that finds its plan while another makes one would
+        leave the other waiting until the timeout).
+        """
+        with self.lock:
+            p = self._plans.get(key)
+            if p is not None:
+                self._plans.move_to_end(key)
+                return p
+            if self.closed:
+                raise HaloError(_lib.ERR_INVALID_HANDLE, "halocp: the communicator was destroyed")
+            params = make_params()
+            handle = ctypes.c_void_p()
+            rc = _lib.lib().halo_plan_create(self.handle, ctypes.byref(params), ctypes.byref(handle))
+            if rc:
+                raise _lib.error(rc, "halo_plan_create")
+            p = Plan(self, handle.value)
+            self._plans[key] = p
+            if len(self._plans) > PLAN_CACHE_SIZE:
+                self._plans.popitem(last=False)
+            return p
+
+    def clear_plans(self) -> None:
+        """Forget every cached plan (local; do it on every rank at the same point)."""
+        with self.lock:
+            self._plans.clear()
+
+    def close(self) -> None:
+        """Destroy the communicator and its plans (local; never hangs)."""
+        with self.lock:
+            if self.closed:
+                return
+            self.closed = True
+            self._plans.clear()
+            if self.handle is not None:
+                _lib.lib().halo_comm_destroy(self.handle)
+                self.handle = None
+
+    def __repr__(self):
+        state = "closed" if self.closed else f"{len(self._plans)} plans"
+        return f"<halocp.Communicator rank {self.rank} of {self.world_size}, {state}>"
+
+
+_comms: dict = {}
+_comms_lock = threading.Lock()
+
+
+def resolve_group(group):
+    if group is None:
+        if not dist.is_available() or not dist.is_initialized():
+            raise HaloError(
+                _lib.ERR_INVALID_STATE,
+                "halocp: torch.distributed is not initialised: call init_process_group first, or pass a group",
+            )
+        group = dist.group.WORLD
+    return group
+
+
+def communicator(group=None, *, timeout: float | None = None) -> Communicator:
+    """The communicator of a torch process group, made on first use.
+
+    The first call for a group is collective (every rank of the group calls
+    it); later calls return the same object. ``timeout`` (seconds) bounds
+    every wait of the exchanges on it; unset, it comes from HALO_TIMEOUT_MS,
+    else the library's default (120 s). It applies when the communicator is
+    made: to change it, destroy the communicator first.
+    """
+    group = resolve_group(group)
+    comm = _comms.get(group)
+    if comm is None or comm.closed:
+        with _comms_lock:
+            comm = _comms.get(group)
+            if comm is None or comm.closed:
+                comm = Communicator(group, timeout)
+                _comms[group] = comm
+    elif timeout is not None and timeout != comm.timeout:
+        raise HaloError(
+            _lib.ERR_INVALID_STATE,
+            f"halocp: the group's communicator exists with timeout {comm.timeout}; destroy_communicator first",
+        )
+    return comm
+
+
+def clear_plans(group=None) -> None:
+    """Forget the group's cached plans (local: call it on every rank at the
+    same point of the call sequence).
+
+    Plans are keyed on each rank's own layout, and making one is collective,
+    so the ranks must find or miss their plans together. They do whenever
+    every rank's layouts come round in the same pattern, as in a training
+    loop. When the global layout changes but some rank's own shard does not
+    (T = 10 -> 11 over two ranks is (5, 5) -> (6, 5)), clear the plans on
+    every rank first.
+    """
+    comm = _comms.get(resolve_group(group))
+    if comm is not None:
+        comm.clear_plans()
+
+
+def destroy_communicator(group=None) -> None:
+    """Destroy a group's communicator and its plans (local; never hangs).
+
+    The next exchange on the group makes a new one, collectively. Use it
+    after a timeout or a failed peer, which leave a communicator unusable.
+    """
+    group = resolve_group(group)
+    with _comms_lock:
+        comm = _comms.pop(group, None)
+    if comm is not None:
+        comm.close()
+
+
+@atexit.register
+def _close_all() -> None:
+    with _comms_lock:
+        comms = list(_comms.values())
+        _comms.clear()
+    for c in comms:
+        try:
+            c.close()
+        except Exception:
+            pass

@@ -1,0 +1,213 @@
+"""ctypes binding of libhalo's C ABI (include/halo.h, version 0.1).
+
+Only this module knows the shape of the C structs and the signatures; the rest
+of the package calls the small helpers at the bottom.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+from pathlib import Path
+
+# The ABI this module was written against: include/halo.h 0.1.
+ABI_MAJOR, ABI_MINOR = 0, 1
+
+# halo_result_t
+SUCCESS = 0
+ERR_INVALID_ARGUMENT = 1
+ERR_INVALID_HANDLE = 2
+ERR_MISMATCH = 3
+ERR_TIMEOUT = 4
+ERR_PEER_FAILED = 5
+ERR_COMM_FAILED = 6
+ERR_RENDEZVOUS = 7
+ERR_TRANSPORT = 8
+ERR_INVALID_STATE = 9
+ERR_INTERNAL = 10
+
+# halo_dtype_t
+FLOAT32, FLOAT64, FLOAT16, BFLOAT16 = 0, 1, 2, 3
+
+# halo_bootstrap_t
+BOOTSTRAP_RENDEZVOUS, BOOTSTRAP_EXTERNAL = 0, 1
+
+# halo_comm_params_t.field_mask
+COMM_PARAM_BOOTSTRAP = 1 << 0
+COMM_PARAM_TIMEOUT = 1 << 4
+
+# halo_plan_params_t.field_mask
+PLAN_PARAM_X_STRIDES = 1 << 0
+PLAN_PARAM_OUT_STRIDES = 1 << 1
+PLAN_PARAM_GRAD_OUT_STRIDES = 1 << 2
+PLAN_PARAM_GRAD_X_STRIDES = 1 << 3
+
+MAX_DIMS = 8
+
+_Int64Array = ctypes.POINTER(ctypes.c_int64)
+
+
+class HaloError(RuntimeError):
+    """A failure reported by libhalo (or refused before reaching it).
+
+    ``code`` is the library's result code (``halocp.ERR_*``), ``str(err)`` the
+    detailed message: which rank, which peer, which shape.
+    """
+
+    def __init__(self, code: int, message: str):
+        super().__init__(message)
+        self.code = code
+
+
+HaloError.__module__ = "halocp"  # where users import it from
+
+
+class CommParams(ctypes.Structure):
+    _fields_ = [
+        ("field_mask", ctypes.c_uint64),
+        ("bootstrap", ctypes.c_int),
+        ("rendezvous", ctypes.c_char_p),
+        ("token", ctypes.c_char_p),
+        ("job_id", ctypes.c_char_p),
+        ("timeout_ms", ctypes.c_int64),
+        ("bootstrap_timeout_ms", ctypes.c_int64),
+    ]
+
+
+class PlanParams(ctypes.Structure):
+    _fields_ = [
+        ("field_mask", ctypes.c_uint64),
+        ("dtype", ctypes.c_int),
+        ("ndim", ctypes.c_int32),
+        ("shape", _Int64Array),
+        ("dim", ctypes.c_int32),
+        ("left", ctypes.c_int64),
+        ("right", ctypes.c_int64),
+        ("x_strides", _Int64Array),
+        ("out_strides", _Int64Array),
+        ("grad_out_strides", _Int64Array),
+        ("grad_x_strides", _Int64Array),
+        ("padding", ctypes.c_int),
+    ]
+
+
+def _candidates() -> list[tuple[str, Path | str]]:
+    """Where to look for libhalo, in order, with a word on each place."""
+    env = os.environ.get("HALO_LIBRARY")
+    if env:
+        # An explicit choice is the only candidate: falling back to another
+        # copy would hide a typo behind a version skew.
+        p = Path(env)
+        return [("HALO_LIBRARY", p / "libhalo.so" if p.is_dir() else p)]
+    here = Path(__file__).resolve().parent
+    found = [("next to the package", here / "libhalo.so")]
+    # A source checkout: python/halocp/ -> <repo>/build/lib/.
+    found.append(("in the build folder", here.parent.parent / "build" / "lib" / "libhalo.so"))
+    # An installed prefix on the dynamic loader's path (cmake --install).
+    found.append(("on the loader's search path", "libhalo.so.%d" % ABI_MAJOR))
+    return found
+
+
+def _static_tls_hint(err: str) -> str:
+    if "static TLS" not in err:
+        return ""
+    return (
+        "\n  (the library needs more static TLS than the loader keeps spare for dlopen: start the"
+        " process with GLIBC_TUNABLES=glibc.rtld.optional_static_tls=16384, or preload libhalo)"
+    )
+
+
+def _load() -> ctypes.CDLL:
+    tried = []
+    for where, path in _candidates():
+        if isinstance(path, Path) and not path.exists():
+            tried.append(f"{where}: {path} (no such file)")
+            continue
+        try:
+            return ctypes.CDLL(str(path))
+        except OSError as e:
+            tried.append(f"{where}: {path} ({e}){_static_tls_hint(str(e))}")
+    raise HaloError(
+        ERR_INVALID_STATE,
+        "halocp: cannot load libhalo.so. Build it (cmake -S . -B build && cmake --build build), "
+        "install it, or set HALO_LIBRARY to its path. Looked:\n  " + "\n  ".join(tried),
+    )
+
+
+def _declare(lib: ctypes.CDLL) -> None:
+    c_int, vp, sz = ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t
+    sigs = {
+        "halo_version_number": ([], c_int),
+        "halo_version_string": ([], ctypes.c_char_p),
+        "halo_strerror": ([c_int], ctypes.c_char_p),
+        "halo_last_error": ([], ctypes.c_char_p),
+        "halo_comm_create": ([c_int, c_int, ctypes.POINTER(CommParams), ctypes.POINTER(vp)], c_int),
+        "halo_comm_get_address": ([vp, ctypes.POINTER(vp), ctypes.POINTER(sz)], c_int),
+        "halo_comm_connect": ([vp, ctypes.POINTER(vp), ctypes.POINTER(sz)], c_int),
+        "halo_comm_destroy": ([vp], c_int),
+        "halo_plan_create": ([vp, ctypes.POINTER(PlanParams), ctypes.POINTER(vp)], c_int),
+        "halo_plan_forward": ([vp, vp, vp], c_int),
+        "halo_plan_backward": ([vp, vp, vp], c_int),
+        "halo_plan_destroy": ([vp], c_int),
+    }
+    for name, (args, res) in sigs.items():
+        fn = getattr(lib, name)
+        fn.argtypes, fn.restype = args, res
+
+
+_lib: ctypes.CDLL | None = None
+_lib_lock = threading.Lock()
+
+
+def lib() -> ctypes.CDLL:
+    """The loaded library, loaded and checked on first use."""
+    global _lib
+    if _lib is None:
+        with _lib_lock:
+            if _lib is None:
+                handle = _load()
+                _declare(handle)
+                v = handle.halo_version_number()
+                major, minor = v // 10000, v // 100 % 100
+                # Before 1.0 every minor version may change the ABI.
+                if major != ABI_MAJOR or (minor != ABI_MINOR if major == 0 else minor < ABI_MINOR):
+                    raise HaloError(
+                        ERR_INVALID_STATE,
+                        f"halocp: {handle._name} is libhalo {handle.halo_version_string().decode()}, "
+                        f"but halocp speaks ABI {ABI_MAJOR}.{ABI_MINOR}",
+                    )
+                _lib = handle
+    return _lib
+
+
+def version() -> str:
+    """The loaded library's version string, e.g. "0.1.0"."""
+    return lib().halo_version_string().decode()
+
+
+def library_path() -> str:
+    """The file halocp loaded libhalo from."""
+    return lib()._name
+
+
+def error(rc: int, what: str) -> HaloError:
+    """The HaloError for a failed call, with the library's detailed message.
+
+    Must run on the thread that made the call: the message is per thread.
+    """
+    L = lib()
+    detail = (L.halo_last_error() or b"").decode(errors="replace")
+    reason = (L.halo_strerror(rc) or b"").decode()
+    if detail.startswith(reason):  # the library's messages often lead with it
+        return HaloError(rc, f"{what}: {detail}")
+    return HaloError(rc, f"{what}: {reason}: {detail}" if detail else f"{what}: {reason}")
+
+
+def check(rc: int, what: str) -> None:
+    if rc != SUCCESS:
+        raise error(rc, what)
+
+
+def int64_array(values) -> ctypes.Array:
+    return (ctypes.c_int64 * len(values))(*values)
