@@ -6,5 +6,5 @@ set -euo pipefail
 cd "$(dirname "$0")"
 bash scripts/setup.sh
 mkdir -p bench/out
-exec build/bin/halod bench --local 4 --min-bytes 8 --max-bytes 8M --op both --check \
+exec build/bin/halod bench --local 4 --min-bytes 8 --max-bytes 1M --op both --check \
   --plot bench/out/quickstart.png --json bench/out/quickstart.json "$@"

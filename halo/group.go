@@ -41,8 +41,8 @@ type GroupOptions struct {
 }
 
 const (
-	defaultIOVMinSegment  = 64 << 10
-	defaultIOVMaxSegments = 256
+	defaultIOVMinSegment  = 4 << 10
+	defaultIOVMaxSegments = 1024
 )
 
 // Group is the algorithm's view of a communicator: a transport and the plans
