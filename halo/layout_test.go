@@ -4,6 +4,7 @@ import (
 	"math"
 	"math/rand"
 	"testing"
+	"unsafe"
 )
 
 // The walk must visit exactly the elements of the box, in logical row-major
@@ -209,6 +210,41 @@ func TestBFloat16Conversions(t *testing.T) {
 	for in, want := range cases {
 		if got := F32ToBF16(math.Float32frombits(in)); got != want {
 			t.Errorf("%#x -> %#x, want %#x", in, got, want)
+		}
+	}
+}
+
+// addZero's shortcut must equal adding +0 for every bit pattern class.
+func TestAddZeroMatchesArithmetic(t *testing.T) {
+	rng := rand.New(rand.NewSource(7))
+	f32 := []uint32{0, 0x80000000, 0x7f800000, 0xff800000, 0x7f800001, 0xff800001, 0x7fc00000, 0x7fa00000, 0x3f800000, 1, 0x80000001}
+	for i := 0; i < 10000; i++ {
+		f32 = append(f32, rng.Uint32())
+	}
+	for _, v := range f32 {
+		a := []uint32{v}
+		addZero(Float32, unsafe.Pointer(&a[0]), 1)
+		if want := math.Float32bits(math.Float32frombits(v) + 0); a[0] != want {
+			t.Fatalf("float32 %#x: %#x, want %#x", v, a[0], want)
+		}
+		d := uint64(v)<<32 | uint64(rng.Uint32())
+		for _, w := range []uint64{d, 1 << 63, 0x7ff0000000000001, 0x7ff8000000000000, 0xfff0000000000000} {
+			b := []uint64{w}
+			addZero(Float64, unsafe.Pointer(&b[0]), 1)
+			if want := math.Float64bits(math.Float64frombits(w) + 0); b[0] != want {
+				t.Fatalf("float64 %#x: %#x, want %#x", w, b[0], want)
+			}
+		}
+	}
+	for h := 0; h < 1<<16; h++ {
+		a := []uint16{uint16(h), uint16(h)}
+		addZero(Float16, unsafe.Pointer(&a[0]), 1)
+		addZero(BFloat16, unsafe.Pointer(&a[1]), 1)
+		if want := F32ToF16(f16ToF32Slow(uint16(h)) + 0); a[0] != want {
+			t.Fatalf("float16 %#x: %#x, want %#x", h, a[0], want)
+		}
+		if want := F32ToBF16(BF16ToF32(uint16(h)) + 0); a[1] != want {
+			t.Fatalf("bfloat16 %#x: %#x, want %#x", h, a[1], want)
 		}
 	}
 }
