@@ -46,6 +46,9 @@ type Config struct {
 	// the exchange within about a second instead of at the deadline, at the
 	// cost of single-copy large messages. HALO_DETECT_PEER_FAILURE=1.
 	DetectPeerFailure bool
+	// SpinPolls is how long a wait polls before it yields the CPU between
+	// polls (ucx.Options.SpinPolls); 0 is UCX's default, HALO_SPIN_POLLS.
+	SpinPolls int
 }
 
 // DefaultRendezvous is where rank 0 listens when nothing else is said.
@@ -104,6 +107,13 @@ func (c *Config) fill() error {
 	if os.Getenv("HALO_RENDEZVOUS_EXTERNAL") == "1" {
 		c.ExternalServer = true
 	}
+	if v := os.Getenv("HALO_SPIN_POLLS"); v != "" && c.SpinPolls == 0 {
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			return fmt.Errorf("%w: HALO_SPIN_POLLS=%q is not an integer", halo.ErrInvalid, v)
+		}
+		c.SpinPolls = n
+	}
 	if os.Getenv("HALO_DETECT_PEER_FAILURE") == "1" {
 		c.DetectPeerFailure = true
 	}
@@ -159,6 +169,7 @@ func New(cfg Config) (*Comm, error) {
 	// deadline; DetectPeerFailure notices it within about a second.
 	opts := ucx.DefaultOptions()
 	opts.PeerErrorHandling = cfg.DetectPeerFailure
+	opts.SpinPolls = cfg.SpinPolls
 	t, err := ucx.Open(cfg.Rank, cfg.Size, opts)
 	if err != nil {
 		return nil, fmt.Errorf("rank %d: opening UCX: %w", cfg.Rank, err)
