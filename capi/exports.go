@@ -50,10 +50,8 @@ func cMillis(mask C.uint64_t, bit C.uint64_t, v C.int64_t, name string) (time.Du
 }
 
 //export haloGoCommCreate
-func haloGoCommCreate(rank, size C.int, p *C.halo_comm_params_t, out *C.halo_comm_t, eb *C.char, el C.size_t) (rc C.int) {
-	var err error
-	defer func() { finish(&rc, recover(), err, eb, el) }()
-	err = func() error {
+func haloGoCommCreate(rank, size C.int, p *C.halo_comm_params_t, out *C.halo_comm_t, eb *C.char, el C.size_t) C.int {
+	return export(eb, el, func() error {
 		if out == nil {
 			return invalid("comm (the output pointer) is NULL")
 		}
@@ -93,15 +91,12 @@ func haloGoCommCreate(rank, size C.int, p *C.halo_comm_params_t, out *C.halo_com
 		registry.Unlock()
 		*out = *(*C.halo_comm_t)(unsafe.Pointer(&h)) // a number, never dereferenced
 		return nil
-	}()
-	return
+	})
 }
 
 //export haloGoCommGetAddress
-func haloGoCommGetAddress(h C.uintptr_t, addr *unsafe.Pointer, length *C.size_t, eb *C.char, el C.size_t) (rc C.int) {
-	var err error
-	defer func() { finish(&rc, recover(), err, eb, el) }()
-	err = func() error {
+func haloGoCommGetAddress(h C.uintptr_t, addr *unsafe.Pointer, length *C.size_t, eb *C.char, el C.size_t) C.int {
+	return export(eb, el, func() error {
 		e, err := lookupComm(uintptr(h))
 		if err != nil {
 			return err
@@ -117,15 +112,12 @@ func haloGoCommGetAddress(h C.uintptr_t, addr *unsafe.Pointer, length *C.size_t,
 		}
 		*addr, *length = e.address, C.size_t(len(a))
 		return nil
-	}()
-	return
+	})
 }
 
 //export haloGoCommConnect
-func haloGoCommConnect(h C.uintptr_t, addrs *unsafe.Pointer, lens *C.size_t, eb *C.char, el C.size_t) (rc C.int) {
-	var err error
-	defer func() { finish(&rc, recover(), err, eb, el) }()
-	err = func() error {
+func haloGoCommConnect(h C.uintptr_t, addrs *unsafe.Pointer, lens *C.size_t, eb *C.char, el C.size_t) C.int {
+	return export(eb, el, func() error {
 		e, err := lookupComm(uintptr(h))
 		if err != nil {
 			return err
@@ -143,15 +135,12 @@ func haloGoCommConnect(h C.uintptr_t, addrs *unsafe.Pointer, lens *C.size_t, eb 
 			all[r] = C.GoBytes(ps[r], C.int(ls[r]))
 		}
 		return e.c.Connect(all)
-	}()
-	return
+	})
 }
 
 //export haloGoCommGetRank
-func haloGoCommGetRank(h C.uintptr_t, rank, size *C.int, eb *C.char, el C.size_t) (rc C.int) {
-	var err error
-	defer func() { finish(&rc, recover(), err, eb, el) }()
-	err = func() error {
+func haloGoCommGetRank(h C.uintptr_t, rank, size *C.int, eb *C.char, el C.size_t) C.int {
+	return export(eb, el, func() error {
 		e, err := lookupComm(uintptr(h))
 		if err != nil {
 			return err
@@ -161,15 +150,12 @@ func haloGoCommGetRank(h C.uintptr_t, rank, size *C.int, eb *C.char, el C.size_t
 		}
 		*rank, *size = C.int(e.c.Rank()), C.int(e.c.Size())
 		return nil
-	}()
-	return
+	})
 }
 
 //export haloGoCommDestroy
-func haloGoCommDestroy(h C.uintptr_t, eb *C.char, el C.size_t) (rc C.int) {
-	var err error
-	defer func() { finish(&rc, recover(), err, eb, el) }()
-	err = func() error {
+func haloGoCommDestroy(h C.uintptr_t, eb *C.char, el C.size_t) C.int {
+	return export(eb, el, func() error {
 		registry.Lock()
 		e, ok := registry.comms[uintptr(h)]
 		if !ok {
@@ -194,8 +180,7 @@ func haloGoCommDestroy(h C.uintptr_t, eb *C.char, el C.size_t) (rc C.int) {
 			C.free(e.address)
 		}
 		return first
-	}()
-	return
+	})
 }
 
 // readInts copies n int64s from C; the caller has validated n.
@@ -207,10 +192,8 @@ func readInts(p *C.int64_t, n int, name string) ([]int64, error) {
 }
 
 //export haloGoPlanCreate
-func haloGoPlanCreate(h C.uintptr_t, p *C.halo_plan_params_t, out *C.halo_plan_t, eb *C.char, el C.size_t) (rc C.int) {
-	var err error
-	defer func() { finish(&rc, recover(), err, eb, el) }()
-	err = func() error {
+func haloGoPlanCreate(h C.uintptr_t, p *C.halo_plan_params_t, out *C.halo_plan_t, eb *C.char, el C.size_t) C.int {
+	return export(eb, el, func() error {
 		e, err := lookupComm(uintptr(h))
 		if err != nil {
 			return err
@@ -262,15 +245,12 @@ func haloGoPlanCreate(h C.uintptr_t, p *C.halo_plan_params_t, out *C.halo_plan_t
 		registry.Unlock()
 		*out = *(*C.halo_plan_t)(unsafe.Pointer(&ph))
 		return nil
-	}()
-	return
+	})
 }
 
 //export haloGoPlanRun
-func haloGoPlanRun(h C.uintptr_t, backward C.int, src, dst unsafe.Pointer, eb *C.char, el C.size_t) (rc C.int) {
-	var err error
-	defer func() { finish(&rc, recover(), err, eb, el) }()
-	err = func() error {
+func haloGoPlanRun(h C.uintptr_t, backward C.int, src, dst unsafe.Pointer, eb *C.char, el C.size_t) C.int {
+	return export(eb, el, func() error {
 		pe, err := lookupPlan(uintptr(h))
 		if err != nil {
 			return err
@@ -279,15 +259,12 @@ func haloGoPlanRun(h C.uintptr_t, backward C.int, src, dst unsafe.Pointer, eb *C
 			return pe.p.Backward(src, dst)
 		}
 		return pe.p.Forward(src, dst)
-	}()
-	return
+	})
 }
 
 //export haloGoPlanDestroy
-func haloGoPlanDestroy(h C.uintptr_t, eb *C.char, el C.size_t) (rc C.int) {
-	var err error
-	defer func() { finish(&rc, recover(), err, eb, el) }()
-	err = func() error {
+func haloGoPlanDestroy(h C.uintptr_t, eb *C.char, el C.size_t) C.int {
+	return export(eb, el, func() error {
 		registry.Lock()
 		pe, ok := registry.plans[uintptr(h)]
 		if ok {
@@ -301,6 +278,5 @@ func haloGoPlanDestroy(h C.uintptr_t, eb *C.char, el C.size_t) (rc C.int) {
 			return badHandle(uintptr(h), "plan", kindPlan)
 		}
 		return pe.p.Close()
-	}()
-	return
+	})
 }
