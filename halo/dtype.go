@@ -66,7 +66,7 @@ func addInto(d DType, dst, src unsafe.Pointer, n int) {
 	switch d {
 	case Float32:
 		a, b := unsafe.Slice((*float32)(dst), n), unsafe.Slice((*float32)(src), n)
-		for i := range a {
+		for i := addF32Vector(a, b); i < n; i++ {
 			a[i] += b[i]
 		}
 	case Float64:
@@ -81,7 +81,7 @@ func addInto(d DType, dst, src unsafe.Pointer, n int) {
 		}
 	case BFloat16:
 		a, b := unsafe.Slice((*uint16)(dst), n), unsafe.Slice((*uint16)(src), n)
-		for i := range a {
+		for i := addBF16Vector(a, b); i < n; i++ {
 			a[i] = F32ToBF16(BF16ToF32(a[i]) + BF16ToF32(b[i]))
 		}
 	}

@@ -1,0 +1,51 @@
+package halo
+
+import (
+	"math"
+	"math/rand"
+	"testing"
+	"unsafe"
+)
+
+// The vector kernels must give exactly the scalar results, for every class
+// of value (NaN, infinities, -0, subnormals, rounding ties) and any length.
+func TestAddKernelsMatchScalar(t *testing.T) {
+	rng := rand.New(rand.NewSource(8))
+	special16 := []uint16{0, 0x8000, 0x7f80, 0xff80, 0x7fc0, 0x7f81, 0xffff, 0x0001, 0x8001, 0x3f80, 0x3f81, 0x7f7f}
+	special32 := []uint32{0, 0x80000000, 0x7f800000, 0xff800000, 0x7fc00000, 0x7f800001, 0x00000001, 0x80000001, 0x3f800000, 0x7f7fffff}
+	for it := 0; it < 300; it++ {
+		n := rng.Intn(70)
+		a16, b16 := make([]uint16, n), make([]uint16, n)
+		a32, b32 := make([]uint32, n), make([]uint32, n)
+		for i := 0; i < n; i++ {
+			a16[i], b16[i] = uint16(rng.Uint32()), uint16(rng.Uint32())
+			a32[i], b32[i] = rng.Uint32(), rng.Uint32()
+			if rng.Intn(4) == 0 {
+				a16[i] = special16[rng.Intn(len(special16))]
+				b32[i] = special32[rng.Intn(len(special32))]
+			}
+			if rng.Intn(4) == 0 { // same exponent: exercises ties and cancellation
+				b16[i] = a16[i] ^ uint16(rng.Intn(256))
+				a32[i] = b32[i] ^ uint32(rng.Intn(1<<16))
+			}
+		}
+		want16 := make([]uint16, n)
+		want32 := make([]uint32, n)
+		for i := 0; i < n; i++ {
+			want16[i] = F32ToBF16(BF16ToF32(a16[i]) + BF16ToF32(b16[i]))
+			want32[i] = math.Float32bits(math.Float32frombits(a32[i]) + math.Float32frombits(b32[i]))
+		}
+		if n > 0 {
+			addInto(BFloat16, unsafe.Pointer(&a16[0]), unsafe.Pointer(&b16[0]), n)
+			addInto(Float32, unsafe.Pointer(&a32[0]), unsafe.Pointer(&b32[0]), n)
+		}
+		for i := 0; i < n; i++ {
+			if a16[i] != want16[i] {
+				t.Fatalf("bfloat16 n=%d [%d]: %#x, want %#x", n, i, a16[i], want16[i])
+			}
+			if a32[i] != want32[i] {
+				t.Fatalf("float32 n=%d [%d]: %#x, want %#x", n, i, a32[i], want32[i])
+			}
+		}
+	}
+}
