@@ -49,3 +49,33 @@ func TestAddKernelsMatchScalar(t *testing.T) {
 		}
 	}
 }
+
+// addZero over long arrays takes the vector path: same bits as adding +0.
+func TestAddZeroVectorPath(t *testing.T) {
+	all := make([]uint16, 1<<16)
+	for i := range all {
+		all[i] = uint16(i)
+	}
+	addZero(BFloat16, unsafe.Pointer(&all[0]), len(all))
+	for i, got := range all {
+		if want := F32ToBF16(BF16ToF32(uint16(i)) + 0); got != want {
+			t.Fatalf("bfloat16 %#x + 0 = %#x, want %#x", i, got, want)
+		}
+	}
+	rng := rand.New(rand.NewSource(9))
+	f := make([]uint32, 10007)
+	for i := range f {
+		f[i] = rng.Uint32()
+	}
+	f[5], f[6], f[7] = 0x80000000, 0x7f800001, 0xff800000
+	want := make([]uint32, len(f))
+	for i, v := range f {
+		want[i] = math.Float32bits(math.Float32frombits(v) + 0)
+	}
+	addZero(Float32, unsafe.Pointer(&f[0]), len(f))
+	for i := range f {
+		if f[i] != want[i] {
+			t.Fatalf("float32 [%d] %#x, want %#x", i, f[i], want[i])
+		}
+	}
+}
