@@ -31,7 +31,7 @@ const (
 type Config struct {
 	Rank, Size       int
 	Bootstrap        Bootstrap
-	Rendezvous       string        // host:port; HALO_RENDEZVOUS; default 127.0.0.1:29600
+	Rendezvous       string        // host:port; HALO_RENDEZVOUS; default 127.0.0.1:29700 (rendezvous.DefaultAddr)
 	Token            string        // HALO_TOKEN; may be empty only on loopback
 	Job              string        // HALO_JOB_ID; default "halo"
 	Attempt          string        // HALO_JOB_ATTEMPT; default ""
@@ -52,7 +52,7 @@ type Config struct {
 }
 
 // DefaultRendezvous is where rank 0 listens when nothing else is said.
-const DefaultRendezvous = "127.0.0.1:29600"
+const DefaultRendezvous = rendezvous.DefaultAddr
 
 // Comm is one rank's communicator.
 type Comm struct {

@@ -80,7 +80,7 @@ enum {
  * @brief Optional communicator parameters. Unset fields come from the
  * environment (HALO_RENDEZVOUS, HALO_TOKEN, HALO_JOB_ID, HALO_JOB_ATTEMPT,
  * HALO_TIMEOUT_MS, HALO_BOOTSTRAP_TIMEOUT_MS), then defaults: rendezvous
- * 127.0.0.1:29600 hosted by rank 0, no token (allowed on loopback only),
+ * 127.0.0.1:29700 hosted by rank 0, no token (allowed on loopback only),
  * timeout 120 s, bootstrap timeout 60 s.
  */
 typedef struct halo_comm_params {
