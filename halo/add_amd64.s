@@ -87,3 +87,30 @@ f32loop4:
 	JMP  f32loop4
 f32done:
 	RET
+
+// func copyNT(dst, src *byte, n int)
+// Copies n bytes, a multiple of 64, to a 16-byte aligned dst with
+// non-temporal stores: for copies larger than the caches they skip the
+// read-for-ownership of every destination line.
+TEXT ·copyNT(SB), NOSPLIT, $0-24
+	MOVQ dst+0(FP), DI
+	MOVQ src+8(FP), SI
+	MOVQ n+16(FP), CX
+ntloop:
+	CMPQ CX, $64
+	JLT  ntdone
+	MOVOU (SI), X0
+	MOVOU 16(SI), X1
+	MOVOU 32(SI), X2
+	MOVOU 48(SI), X3
+	MOVNTO X0, (DI)
+	MOVNTO X1, 16(DI)
+	MOVNTO X2, 32(DI)
+	MOVNTO X3, 48(DI)
+	ADDQ $64, SI
+	ADDQ $64, DI
+	SUBQ $64, CX
+	JMP  ntloop
+ntdone:
+	SFENCE
+	RET
