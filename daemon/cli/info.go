@@ -59,6 +59,8 @@ var haloSettings = []setting{
 	{Name: "HALO_JOB_ATTEMPT", Means: "a restarted job's new attempt, so it never sees the old addresses"},
 	{Name: "HALO_TIMEOUT_MS", Means: "deadline of every exchange wait (default 120000)"},
 	{Name: "HALO_BOOTSTRAP_TIMEOUT_MS", Means: "deadline of the rendezvous (default 60000)"},
+	{Name: "HALO_DETECT_PEER_FAILURE", Means: "1: UCX peer error handling, a dead peer fails in ~1 s (costs single-copy large messages)"},
+	{Name: "HALO_SPIN_POLLS", Means: "polls before a waiting rank yields its CPU (lower it when ranks outnumber CPUs)"},
 }
 
 // lookupSettings fills in the values, then appends every other variable
