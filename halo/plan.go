@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"strings"
 	"time"
-	"unsafe"
 )
 
 // Padding says what fills halo slices outside the global sequence.
@@ -400,4 +399,3 @@ func (p *Plan) WireBytes() (sent, received int64) {
 	return
 }
 
-var _ = unsafe.Pointer(nil)
