@@ -398,4 +398,3 @@ func (p *Plan) WireBytes() (sent, received int64) {
 	}
 	return
 }
-
