@@ -218,8 +218,8 @@ func (p *Plan) run(s *schedule, src, dst unsafe.Pointer, what, srcName, dstName 
 	if err != nil {
 		return fmt.Errorf("%w: rank %d: %s of plan %d: %v", ErrInvalid, me, what, p.id, err)
 	}
-	for _, st := range s.pack {
-		copyRuns(&st.w, p.elem, stagingPtr(s, st.buf), src)
+	for i := range s.pack {
+		copyRuns(&s.pack[i].w, p.elem, stagingPtr(s, s.pack[i].buf), src)
 	}
 	if s.batch != nil {
 		s.bases[0], s.bases[1] = uintptr(src), uintptr(dst)
@@ -241,8 +241,8 @@ func (p *Plan) run(s *schedule, src, dst unsafe.Pointer, what, srcName, dstName 
 			return p.g.fail(fmt.Errorf("rank %d: %s of plan %d: %w", me, what, p.id, err))
 		}
 	}
-	for _, st := range s.unpack {
-		copyRuns(&st.w, p.elem, dst, stagingPtr(s, st.buf))
+	for i := range s.unpack {
+		copyRuns(&s.unpack[i].w, p.elem, dst, stagingPtr(s, s.unpack[i].buf))
 	}
 	for i := range s.add {
 		addRuns(&s.add[i].w, p.spec.DType, dst, stagingPtr(s, s.add[i].buf))

@@ -62,7 +62,7 @@ type schedule struct {
 	zero     []walk   // destination slices to clear (forward padding)
 	addZero  []walk   // destination slices to add +0 to, before Wait (see addZero)
 	interior walk     // destination <- source, unless they alias
-	alias    int64    // byte offset of the source inside the destination when aliased
+	alias    int64    // byte offset of the unpadded tensor in the padded one when they alias; -1: never
 	srcExt   int64    // byte extents, for the overlap check
 	dstExt   int64
 }
