@@ -117,7 +117,3 @@ const (
 func tag(plan uint32, phase int) uint64 {
 	return uint64(plan&0xffffff)<<8 | uint64(phase&0xff)
 }
-
-// Version is the library version; include/halo.h's HALO_VERSION_STRING
-// must match (a test checks).
-const Version = "0.1.0"

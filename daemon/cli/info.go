@@ -12,7 +12,7 @@ import (
 
 	"github.com/halo-cp/halo/comm"
 	"github.com/halo-cp/halo/daemon/launch"
-	"github.com/halo-cp/halo/daemon/ucxinfo"
+
 	"github.com/halo-cp/halo/halo"
 	"github.com/halo-cp/halo/ucx"
 	ucli "github.com/urfave/cli/v2"
@@ -121,20 +121,20 @@ func selection() (lanes []string, err error) {
 }
 
 type infoReport struct {
-	Halo       string             `json:"halo_version"`
-	UCX        string             `json:"ucx_version"`
-	Go         string             `json:"go_version"`
-	Hostname   string             `json:"hostname"`
-	CPUs       int                `json:"cpus"`
-	Resources  []ucxinfo.Resource `json:"ucx_resources"`
-	ResErr     string             `json:"ucx_resources_error,omitempty"`
-	Selected   []string           `json:"ucx_selected_on_host,omitempty"`
-	SelErr     string             `json:"ucx_selected_error,omitempty"`
-	UCXEnv     []setting          `json:"ucx_settings"`
-	HaloEnv    []setting          `json:"halo_settings"`
-	Launcher   *launch.Placement  `json:"launcher,omitempty"`
-	LaunchErr  string             `json:"launcher_error,omitempty"`
-	LaunchVars map[string]string  `json:"launcher_variables,omitempty"`
+	Halo       string            `json:"halo_version"`
+	UCX        string            `json:"ucx_version"`
+	Go         string            `json:"go_version"`
+	Hostname   string            `json:"hostname"`
+	CPUs       int               `json:"cpus"`
+	Resources  []ucx.Resource    `json:"ucx_resources"`
+	ResErr     string            `json:"ucx_resources_error,omitempty"`
+	Selected   []string          `json:"ucx_selected_on_host,omitempty"`
+	SelErr     string            `json:"ucx_selected_error,omitempty"`
+	UCXEnv     []setting         `json:"ucx_settings"`
+	HaloEnv    []setting         `json:"halo_settings"`
+	Launcher   *launch.Placement `json:"launcher,omitempty"`
+	LaunchErr  string            `json:"launcher_error,omitempty"`
+	LaunchVars map[string]string `json:"launcher_variables,omitempty"`
 }
 
 func info(c *ucli.Context) error {
@@ -148,7 +148,7 @@ func info(c *ucli.Context) error {
 	r := infoReport{Halo: halo.Version, UCX: ucx.Version(), Go: runtime.Version() + " " + runtime.GOOS + "/" + runtime.GOARCH,
 		Hostname: host, CPUs: runtime.NumCPU()}
 	var err error
-	if r.Resources, err = ucxinfo.Resources(); err != nil {
+	if r.Resources, err = ucx.Resources(); err != nil {
 		r.ResErr = err.Error()
 	}
 	if r.Selected, err = selection(); err != nil {

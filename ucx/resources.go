@@ -1,7 +1,9 @@
-// Package ucxinfo lists the transports and devices UCX finds on this
-// machine, the way "ucx_info -d" does, through libuct: every component, its
-// memory domains, and the transport resources of each.
-package ucxinfo
+package ucx
+
+// Resources lists the transports and devices UCX finds on this machine, the
+// way "ucx_info -d" does, through libuct: every component, its memory
+// domains, and the transport resources of each. It lives here, beside the
+// libucp binding, so that cgo to UCX stays in one package.
 
 /*
 #cgo LDFLAGS: -luct -lucs
@@ -134,7 +136,7 @@ func Resources() ([]Resource, error) {
 	var p *C.hi_resource_t
 	n := C.hi_list(&p)
 	if n < 0 {
-		return nil, fmt.Errorf("ucxinfo: uct_query_components: %s", C.GoString(C.ucs_status_string(C.ucs_status_t(n))))
+		return nil, fmt.Errorf("ucx: uct_query_components: %s", C.GoString(C.ucs_status_string(C.ucs_status_t(n))))
 	}
 	defer C.free(unsafe.Pointer(p))
 	var out []Resource

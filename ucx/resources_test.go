@@ -1,4 +1,4 @@
-package ucxinfo
+package ucx
 
 import "testing"
 
