@@ -116,7 +116,7 @@ func (c *Comm) Connect(addrs [][]byte) error {
 	if err := c.t.Connect(addrs); err != nil {
 		return fmt.Errorf("rank %d: connecting: %w", c.cfg.Rank, err)
 	}
-	g, err := halo.NewGroup(transport{c.t}, halo.GroupOptions{Timeout: c.cfg.Timeout, Transfer: c.cfg.Transfer, IOVMinSegment: c.cfg.IOVMinSegment})
+	g, err := halo.NewGroup(transport{c.t}, halo.GroupOptions{Timeout: c.cfg.Timeout, Transfer: c.cfg.Transfer})
 	if err != nil {
 		return err
 	}

@@ -31,7 +31,6 @@ type Config struct {
 	Timeout          time.Duration // every exchange wait; HALO_TIMEOUT_MS; default halo.DefaultTimeout
 	BootstrapTimeout time.Duration // the rendezvous; HALO_BOOTSTRAP_TIMEOUT_MS; default 60s
 	Transfer         halo.Transfer
-	IOVMinSegment    int64
 	// ExternalServer: the rendezvous is a shared halod serve; rank 0 does
 	// not host one. HALO_RENDEZVOUS_EXTERNAL=1.
 	ExternalServer bool
