@@ -10,24 +10,22 @@ import (
 	"fmt"
 	"unsafe"
 
-	"github.com/halo-cp/halo/comm"
 	"github.com/halo-cp/halo/halo"
-	"github.com/halo-cp/halo/ucx"
 )
 
-var (
-	errHandle   = errors.New("invalid handle")
-	errInternal = errors.New("internal error")
-)
+// errHandle is the C ABI's own failure: a handle that is NULL, destroyed or
+// of the wrong kind. Every other error is classed by halo.
+var errHandle = errors.New("invalid handle")
 
-// code maps an error to the result code of include/halo.h.
+// code maps an error to the result code of include/halo.h: one code per
+// halo error class. An error of no class is a bug, reported as such.
 func code(err error) C.int {
 	switch {
 	case err == nil:
 		return C.HALO_SUCCESS
 	case errors.Is(err, errHandle):
 		return C.HALO_ERR_INVALID_HANDLE
-	case errors.Is(err, errInternal):
+	case errors.Is(err, halo.ErrInternal):
 		return C.HALO_ERR_INTERNAL
 	case errors.Is(err, halo.ErrInvalid):
 		return C.HALO_ERR_INVALID_ARGUMENT
@@ -35,16 +33,18 @@ func code(err error) C.int {
 		return C.HALO_ERR_MISMATCH
 	case errors.Is(err, halo.ErrFailed):
 		return C.HALO_ERR_COMM_FAILED
-	case errors.Is(err, comm.ErrState), errors.Is(err, halo.ErrClosed):
+	case errors.Is(err, halo.ErrState), errors.Is(err, halo.ErrClosed):
 		return C.HALO_ERR_INVALID_STATE
-	case errors.Is(err, comm.ErrRendezvous):
+	case errors.Is(err, halo.ErrRendezvous):
 		return C.HALO_ERR_RENDEZVOUS
-	case errors.Is(err, ucx.ErrTimeout):
+	case errors.Is(err, halo.ErrTimeout):
 		return C.HALO_ERR_TIMEOUT
-	case errors.Is(err, ucx.ErrPeerFailed):
+	case errors.Is(err, halo.ErrPeerFailed):
 		return C.HALO_ERR_PEER_FAILED
+	case errors.Is(err, halo.ErrTransport):
+		return C.HALO_ERR_TRANSPORT
 	}
-	return C.HALO_ERR_TRANSPORT
+	return C.HALO_ERR_INTERNAL
 }
 
 // export runs the body of an exported function: its error becomes the
@@ -59,7 +59,7 @@ func export(buf *C.char, n C.size_t, body func() error) (rc C.int) {
 
 func finish(rc *C.int, panicked any, err error, buf *C.char, n C.size_t) {
 	if panicked != nil {
-		err = fmt.Errorf("%w: panic: %v", errInternal, panicked)
+		err = fmt.Errorf("%w: panic: %v", halo.ErrInternal, panicked)
 	}
 	*rc = code(err)
 	if err == nil || buf == nil || n == 0 {

@@ -8,8 +8,10 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/halo-cp/halo/halo"
+	"github.com/halo-cp/halo/halo/transport"
 	"github.com/halo-cp/halo/rendezvous"
 	"github.com/halo-cp/halo/ucx"
 )
@@ -24,12 +26,6 @@ type Comm struct {
 	connected bool
 }
 
-// Sentinels for the failure classes the C ABI reports.
-var (
-	ErrRendezvous = errors.New("rendezvous failed")
-	ErrState      = errors.New("invalid state")
-)
-
 // New opens the transport and, with the rendezvous bootstrap, connects
 // every rank. With BootstrapExternal the caller then reads Address on every
 // rank, exchanges them, and calls Connect.
@@ -37,16 +33,11 @@ func New(cfg Config) (*Comm, error) {
 	if err := cfg.fill(); err != nil {
 		return nil, err
 	}
-	// UCX 1.13 drops its single-copy CMA transport from endpoints with peer
-	// error handling: 2 MiB halos then take 400 us instead of 200-265 us
-	// (bench/RESULTS.md). So by default a dead peer is noticed at the
-	// deadline; DetectPeerFailure notices it within about a second.
-	opts := ucx.DefaultOptions()
-	opts.PeerErrorHandling = cfg.DetectPeerFailure
-	opts.SpinPolls = cfg.SpinPolls
-	t, err := ucx.Open(cfg.Rank, cfg.Size, opts)
+	// ucx.Options' zero value leaves peer error handling off (it costs
+	// single-copy large messages); DetectPeerFailure turns it on.
+	t, err := ucx.Open(cfg.Rank, cfg.Size, ucx.Options{PeerErrorHandling: cfg.DetectPeerFailure, SpinPolls: cfg.SpinPolls})
 	if err != nil {
-		return nil, fmt.Errorf("rank %d: opening UCX: %w", cfg.Rank, err)
+		return nil, fmt.Errorf("rank %d: opening UCX: %w", cfg.Rank, classify(err))
 	}
 	c := &Comm{cfg: cfg, t: t}
 	if cfg.Bootstrap == BootstrapExternal {
@@ -80,7 +71,7 @@ func (c *Comm) rendezvous() ([][]byte, error) {
 		addrs, err = rendezvous.Allgather(ctx, cc, c.t.Address())
 	}
 	if err != nil {
-		return nil, fmt.Errorf("%w: rank %d via %s: %v", ErrRendezvous, cfg.Rank, cfg.Rendezvous, err)
+		return nil, fmt.Errorf("%w: rank %d via %s: %v", halo.ErrRendezvous, cfg.Rank, cfg.Rendezvous, err)
 	}
 	return addrs, nil
 }
@@ -103,7 +94,7 @@ func (c *Comm) Connect(addrs [][]byte) error {
 		return fmt.Errorf("rank %d: connect: %w", c.cfg.Rank, halo.ErrClosed)
 	}
 	if c.connected {
-		return fmt.Errorf("%w: rank %d: the communicator is already connected", ErrState, c.cfg.Rank)
+		return fmt.Errorf("%w: rank %d: the communicator is already connected", halo.ErrState, c.cfg.Rank)
 	}
 	if len(addrs) != c.cfg.Size {
 		return fmt.Errorf("%w: rank %d: %d addresses for world size %d", halo.ErrInvalid, c.cfg.Rank, len(addrs), c.cfg.Size)
@@ -114,9 +105,9 @@ func (c *Comm) Connect(addrs [][]byte) error {
 		}
 	}
 	if err := c.t.Connect(addrs); err != nil {
-		return fmt.Errorf("rank %d: connecting: %w", c.cfg.Rank, err)
+		return fmt.Errorf("rank %d: connecting: %w", c.cfg.Rank, classify(err))
 	}
-	g, err := halo.NewGroup(transport{c.t}, halo.GroupOptions{Timeout: c.cfg.Timeout, Transfer: c.cfg.Transfer})
+	g, err := halo.NewGroup(wire{c.t}, halo.GroupOptions{Timeout: c.cfg.Timeout, Transfer: c.cfg.Transfer})
 	if err != nil {
 		return err
 	}
@@ -133,7 +124,7 @@ func (c *Comm) NewPlan(spec halo.Spec) (*halo.Plan, error) {
 		return nil, fmt.Errorf("rank %d: plan create: %w", c.cfg.Rank, halo.ErrClosed)
 	}
 	if g == nil {
-		return nil, fmt.Errorf("%w: rank %d: the communicator is not connected yet (call connect with every rank's address)", ErrState, c.cfg.Rank)
+		return nil, fmt.Errorf("%w: rank %d: the communicator is not connected yet (call connect with every rank's address)", halo.ErrState, c.cfg.Rank)
 	}
 	return g.NewPlan(spec)
 }
@@ -147,26 +138,52 @@ func (c *Comm) Close() error {
 		return nil
 	}
 	c.closed = true
-	return c.t.Close()
+	return classify(c.t.Close())
 }
 
-// transport adapts ucx.Transport (which knows nothing of halo) to
-// halo.Transport.
-type transport struct{ t *ucx.Transport }
+// wire adapts ucx.Transport, which knows nothing of halo, to the
+// algorithm's transport interface: the operations are the same type; only the
+// errors are classed on the way up.
+type wire struct{ t *ucx.Transport }
 
-func (a transport) Rank() int { return a.t.Rank() }
-func (a transport) Size() int { return a.t.Size() }
+func (a wire) Rank() int { return a.t.Rank() }
+func (a wire) Size() int { return a.t.Size() }
 
-func (a transport) Prepare(ops []halo.Op) (halo.Batch, error) {
-	u := make([]ucx.Op, len(ops))
-	for i, op := range ops {
-		segs := make([]ucx.Segment, len(op.Segs))
-		for j, s := range op.Segs {
-			segs[j] = ucx.Segment{Off: s.Off, Len: s.Len}
-		}
-		u[i] = ucx.Op{Peer: op.Peer, Tag: op.Tag, Send: op.Send, Base: op.Base, Segs: segs}
+func (a wire) Prepare(ops []transport.Op) (transport.Batch, error) {
+	b, err := a.t.Prepare(ops)
+	if err != nil {
+		return nil, classify(err)
 	}
-	return a.t.Prepare(u)
+	return wireBatch{b}, nil
 }
 
-func (a transport) Alloc(n int) (halo.Buffer, error) { return a.t.Alloc(n) }
+func (a wire) Alloc(n int) (transport.Buffer, error) {
+	b, err := a.t.Alloc(n)
+	if err != nil {
+		return nil, classify(err)
+	}
+	return b, nil
+}
+
+type wireBatch struct{ b *ucx.Batch }
+
+func (b wireBatch) Post(bases []uintptr) error    { return classify(b.b.Post(bases)) }
+func (b wireBatch) Wait(deadline time.Time) error { return classify(b.b.Wait(deadline)) }
+func (b wireBatch) Close() error                  { return classify(b.b.Close()) }
+
+// classify maps an error of the ucx package onto halo's classes. A wait that
+// failed on several operations is classed by the first that applies, in the
+// order below: a timeout names every peer still pending, which says most.
+func classify(err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, ucx.ErrTimeout):
+		return halo.Classify(halo.ErrTimeout, err)
+	case errors.Is(err, ucx.ErrPeerFailed):
+		return halo.Classify(halo.ErrPeerFailed, err)
+	case errors.Is(err, ucx.ErrClosed):
+		return halo.Classify(halo.ErrClosed, err)
+	}
+	return halo.Classify(halo.ErrTransport, err)
+}

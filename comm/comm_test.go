@@ -11,6 +11,7 @@ import (
 	"unsafe"
 
 	"github.com/halo-cp/halo/halo"
+	"github.com/halo-cp/halo/ucx"
 )
 
 func freeAddr(t *testing.T) string {
@@ -104,11 +105,41 @@ func TestMissingRankFailsRendezvous(t *testing.T) {
 	addr := freeAddr(t)
 	start := time.Now()
 	_, err := New(Config{Rank: 0, Size: 2, Rendezvous: addr, Job: "lonely", BootstrapTimeout: 1500 * time.Millisecond})
-	if !errors.Is(err, ErrRendezvous) || !strings.Contains(err.Error(), "1") {
+	if !errors.Is(err, halo.ErrRendezvous) || !strings.Contains(err.Error(), "1") {
 		t.Fatalf("got %v", err)
 	}
 	if d := time.Since(start); d > 10*time.Second {
 		t.Fatalf("took %v", d)
 	}
 	t.Log(err)
+}
+
+// Errors from the UCX binding reach callers in halo's classes, with the
+// binding's own error still inside.
+func TestUCXErrorsAreClassed(t *testing.T) {
+	for _, tc := range []struct {
+		err  error
+		want error
+	}{
+		{&ucx.StatusError{Func: "wait", Status: ucx.StatusTimedOut}, halo.ErrTimeout},
+		{&ucx.WaitError{Ops: []*ucx.OpError{{Peer: 1, Err: ucx.ErrTimeout}}, Total: 2}, halo.ErrTimeout},
+		{&ucx.PeerError{Rank: 2, Status: ucx.StatusConnectionReset}, halo.ErrPeerFailed},
+		{&ucx.StatusError{Func: "ep", Status: ucx.StatusUnreachable}, halo.ErrPeerFailed},
+		{ucx.ErrClosed, halo.ErrClosed},
+		{&ucx.LengthError{Expected: 8, Got: 4}, halo.ErrTransport},
+		{&ucx.StatusError{Func: "open", Status: ucx.StatusNoMemory}, halo.ErrTransport},
+	} {
+		got := classify(tc.err)
+		if !errors.Is(got, tc.want) || !errors.Is(got, tc.err) || got.Error() != tc.err.Error() {
+			t.Errorf("classify(%v) = %v: want class %v, the original inside, the same message", tc.err, got, tc.want)
+		}
+		for _, other := range halo.Classes {
+			if other != tc.want && errors.Is(got, other) {
+				t.Errorf("classify(%v) is also %v", tc.err, other)
+			}
+		}
+	}
+	if classify(nil) != nil {
+		t.Error("classify(nil) is not nil")
+	}
 }

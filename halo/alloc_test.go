@@ -1,16 +1,18 @@
-package halo
+package halo_test
 
 import (
 	"testing"
 	"time"
 	"unsafe"
+
+	. "github.com/halo-cp/halo/halo"
+	"github.com/halo-cp/halo/halo/halotest"
 )
 
 // The per-step path must not allocate: plans exist so that every step only
 // moves bytes. (Transport calls are excluded: a one-rank group has none.)
 func TestForwardBackwardDoNotAllocate(t *testing.T) {
-	hub := NewMemHub(1)
-	g, _ := NewGroup(hub.Transport(0), GroupOptions{Timeout: time.Second})
+	g := halotest.Group(GroupOptions{Timeout: time.Second})
 	shape := []int64{4, 8, 16}
 	p, err := g.NewPlan(Spec{DType: BFloat16, Shape: shape, Dim: 1, Left: 2, Right: 1,
 		XStrides: []int64{1, 4 * 16, 4}})

@@ -5,6 +5,8 @@ import (
 	"slices"
 	"time"
 	"unsafe"
+
+	"github.com/halo-cp/halo/halo/transport"
 )
 
 // build prepares both directions from the agreed partition.
@@ -21,7 +23,7 @@ func (p *Plan) build() error {
 	f := &p.fwd
 	f.srcExt, _ = extent(s.Shape, s.XStrides, p.elem)
 	f.dstExt, _ = extent(outShape, s.OutStrides, p.elem)
-	var fops []Op
+	var fops []transport.Op
 	for _, m := range in {
 		op, err := p.recvOp(f, outShape, s.OutStrides, m.lo-off+L, m.hi-off+L, m.src, tag(p.id, phaseForward), false)
 		if err != nil {
@@ -62,7 +64,7 @@ func (p *Plan) build() error {
 	b := &p.bwd
 	b.srcExt, _ = extent(outShape, s.GradOutStrides, p.elem)
 	b.dstExt, _ = extent(s.Shape, s.GradXStrides, p.elem)
-	var bops []Op
+	var bops []transport.Op
 	W := p.g.Size()
 	if me == W-1 && L > 0 && n > 0 {
 		bx, o := p.box(s.Shape, s.GradXStrides, n-min(L, n), n)
@@ -98,7 +100,7 @@ func (p *Plan) build() error {
 
 	for _, sc := range []struct {
 		s   *schedule
-		ops []Op
+		ops []transport.Op
 	}{{f, fops}, {b, bops}} {
 		sc.s.bases = make([]uintptr, 2+len(sc.s.staging))
 		for i, buf := range sc.s.staging {
@@ -142,14 +144,14 @@ func (p *Plan) stage(s *schedule, bytes int64) (int, error) {
 }
 
 // sendOp prepares the send of slices [lo, hi) of the source tensor (base 0).
-func (p *Plan) sendOp(s *schedule, shape, strides []int64, lo, hi int64, peer int, tag uint64) (*Op, error) {
+func (p *Plan) sendOp(s *schedule, shape, strides []int64, lo, hi int64, peer int, tag uint64) (*transport.Op, error) {
 	bx, o := p.box(shape, strides, lo, hi)
 	w := newWalk(bx, [][]int64{strides}, []int64{o})
 	if w.runs() == 0 {
 		return nil, nil // empty tensor: both sides skip the message
 	}
 	if p.inPlace(&w) {
-		return &Op{Peer: peer, Tag: tag, Send: true, Base: 0, Segs: w.segments(p.elem)}, nil
+		return &transport.Op{Peer: peer, Tag: tag, Send: true, Base: 0, Segs: w.segments(p.elem)}, nil
 	}
 	bytes := w.runs() * w.run * int64(p.elem)
 	i, err := p.stage(s, bytes)
@@ -157,20 +159,20 @@ func (p *Plan) sendOp(s *schedule, shape, strides []int64, lo, hi int64, peer in
 		return nil, err
 	}
 	s.pack = append(s.pack, staged{w: newWalk(bx, [][]int64{ContiguousStrides(bx), strides}, []int64{0, o}), buf: i})
-	return &Op{Peer: peer, Tag: tag, Send: true, Base: 2 + i, Segs: []Segment{{0, bytes}}}, nil
+	return &transport.Op{Peer: peer, Tag: tag, Send: true, Base: 2 + i, Segs: []transport.Segment{{Off: 0, Len: bytes}}}, nil
 }
 
 // recvOp prepares the receive of slices [lo, hi) of the destination tensor
 // (base 1): in place, or into staging and then unpacked, or (accumulate)
 // into staging and then added.
-func (p *Plan) recvOp(s *schedule, shape, strides []int64, lo, hi int64, peer int, tag uint64, accumulate bool) (*Op, error) {
+func (p *Plan) recvOp(s *schedule, shape, strides []int64, lo, hi int64, peer int, tag uint64, accumulate bool) (*transport.Op, error) {
 	bx, o := p.box(shape, strides, lo, hi)
 	w := newWalk(bx, [][]int64{strides}, []int64{o})
 	if w.runs() == 0 {
 		return nil, nil
 	}
 	if !accumulate && p.inPlace(&w) {
-		return &Op{Peer: peer, Tag: tag, Base: 1, Segs: w.segments(p.elem)}, nil
+		return &transport.Op{Peer: peer, Tag: tag, Base: 1, Segs: w.segments(p.elem)}, nil
 	}
 	bytes := w.runs() * w.run * int64(p.elem)
 	i, err := p.stage(s, bytes)
@@ -183,7 +185,7 @@ func (p *Plan) recvOp(s *schedule, shape, strides []int64, lo, hi int64, peer in
 	} else {
 		s.unpack = append(s.unpack, st)
 	}
-	return &Op{Peer: peer, Tag: tag, Base: 2 + i, Segs: []Segment{{0, bytes}}}, nil
+	return &transport.Op{Peer: peer, Tag: tag, Base: 2 + i, Segs: []transport.Segment{{Off: 0, Len: bytes}}}, nil
 }
 
 // Forward fills out = [left halo | x | right halo] along dim. x may be the

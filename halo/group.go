@@ -1,24 +1,17 @@
 package halo
 
 import (
-	"errors"
 	"fmt"
 	"sync"
 	"time"
+
+	"github.com/halo-cp/halo/halo/transport"
 )
 
 // DefaultTimeout bounds every wait unless the caller sets another deadline:
 // long enough for ranks that reach an exchange at different times in a
 // training step, short enough that a dead peer is noticed.
 const DefaultTimeout = 120 * time.Second
-
-// Sentinel errors, for errors.Is; messages always say more.
-var (
-	ErrInvalid  = errors.New("invalid argument")
-	ErrMismatch = errors.New("ranks disagree")
-	ErrFailed   = errors.New("communicator failed")
-	ErrClosed   = errors.New("closed")
-)
 
 // Transfer chooses how a slab that is not one contiguous range goes on the wire.
 type Transfer int
@@ -49,7 +42,7 @@ const (
 // made on it. Plans are created collectively, in the same order on every
 // rank. A Group and its plans are used by one goroutine at a time.
 type Group struct {
-	t        Transport
+	t        transport.Transport
 	opts     GroupOptions
 	nextPlan uint32
 	mu       sync.Mutex // guards failed, which a Close on another thread may read
@@ -57,7 +50,7 @@ type Group struct {
 }
 
 // NewGroup wraps a connected transport.
-func NewGroup(t Transport, opts GroupOptions) (*Group, error) {
+func NewGroup(t transport.Transport, opts GroupOptions) (*Group, error) {
 	if t == nil {
 		return nil, fmt.Errorf("%w: nil transport", ErrInvalid)
 	}

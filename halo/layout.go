@@ -5,6 +5,8 @@ import (
 	"math"
 	"math/bits"
 	"unsafe"
+
+	"github.com/halo-cp/halo/halo/transport"
 )
 
 // MaxDims is the largest tensor rank a plan accepts.
@@ -212,8 +214,8 @@ func (w *walk) each(fn func(off []int64)) {
 }
 
 // segments lists the byte ranges of operand 0 of a single-operand walk.
-func (w *walk) segments(elem int) []Segment {
-	segs := make([]Segment, 0, w.runs())
+func (w *walk) segments(elem int) []transport.Segment {
+	segs := make([]transport.Segment, 0, w.runs())
 	n := w.run * int64(elem)
 	w.each(func(off []int64) {
 		o := off[0] * int64(elem)
@@ -221,7 +223,7 @@ func (w *walk) segments(elem int) []Segment {
 			segs[k-1].Len += n // runs that happen to touch
 			return
 		}
-		segs = append(segs, Segment{Off: o, Len: n})
+		segs = append(segs, transport.Segment{Off: o, Len: n})
 	})
 	return segs
 }

@@ -24,7 +24,7 @@ func TestWalkAgainstBruteForce(t *testing.T) {
 		strides := make([][]int64, k)
 		base := make([]int64, k)
 		for j := range strides {
-			strides[j] = randomStrides(rng, shape)
+			strides[j] = RandomStrides(rng, shape)
 			base[j] = int64(rng.Intn(10))
 		}
 		w := newWalk(shape, strides, base)
@@ -38,15 +38,15 @@ func TestWalkAgainstBruteForce(t *testing.T) {
 				got = append(got, o)
 			}
 		})
-		total := numel(shape)
+		total := Numel(shape)
 		if int64(len(got)) != total || w.runs()*w.run != total {
 			t.Fatalf("shape %v strides %v: visited %d elements (runs %d x %d), want %d", shape, strides, len(got), w.runs(), w.run, total)
 		}
 		idx := make([]int64, nd)
 		for i := int64(0); i < total; i++ {
-			unravel(shape, i, idx)
+			Unravel(shape, i, idx)
 			for j := range strides {
-				if want := base[j] + offsetOf(idx, strides[j]); got[i][j] != want {
+				if want := base[j] + OffsetOf(idx, strides[j]); got[i][j] != want {
 					t.Fatalf("shape %v strides %v: element %d operand %d at %d, want %d", shape, strides, i, j, got[i][j], want)
 				}
 			}

@@ -6,14 +6,14 @@ import (
 	"unsafe"
 )
 
-// A logical tensor for tests: element bit patterns in row-major order,
+// A Logical tensor for tests: element bit patterns in row-major order,
 // independent of any memory layout.
-type logical struct {
-	shape []int64
-	bits  []uint64
+type Logical struct {
+	Shape []int64
+	Bits  []uint64
 }
 
-func numel(shape []int64) int64 {
+func Numel(shape []int64) int64 {
 	n := int64(1)
 	for _, s := range shape {
 		n *= s
@@ -22,14 +22,14 @@ func numel(shape []int64) int64 {
 }
 
 // unravel turns a row-major linear index into a multi-index.
-func unravel(shape []int64, i int64, idx []int64) {
+func Unravel(shape []int64, i int64, idx []int64) {
 	for d := len(shape) - 1; d >= 0; d-- {
 		idx[d] = i % shape[d]
 		i /= shape[d]
 	}
 }
 
-func offsetOf(idx, strides []int64) int64 {
+func OffsetOf(idx, strides []int64) int64 {
 	var o int64
 	for d := range idx {
 		o += idx[d] * strides[d]
@@ -39,7 +39,7 @@ func offsetOf(idx, strides []int64) int64 {
 
 // randomStrides lays shape out in a random dimension order with random gaps
 // between dimensions: non-contiguous, never self-overlapping.
-func randomStrides(rng *rand.Rand, shape []int64) []int64 {
+func RandomStrides(rng *rand.Rand, shape []int64) []int64 {
 	if rng.Intn(3) == 0 {
 		return ContiguousStrides(shape)
 	}
@@ -58,37 +58,49 @@ func randomStrides(rng *rand.Rand, shape []int64) []int64 {
 }
 
 // memory is a buffer for one tensor in a given layout.
-type memory struct {
+type Memory struct {
 	buf     []byte
 	base    int64 // byte offset of element 0 in buf
 	strides []int64
 	elem    int
 }
 
-func newMemory(shape, strides []int64, elem int, pad int64) *memory {
+func NewMemory(shape, strides []int64, elem int, pad int64) *Memory {
 	ext, err := extent(shape, strides, elem)
 	if err != nil {
 		panic(err)
 	}
-	return &memory{buf: make([]byte, ext+2*pad+8), base: pad, strides: strides, elem: elem}
+	return &Memory{buf: make([]byte, ext+2*pad+8), base: pad, strides: strides, elem: elem}
 }
 
-func (m *memory) ptr() unsafe.Pointer { return unsafe.Pointer(&m.buf[m.base]) }
+func (m *Memory) Ptr() unsafe.Pointer { return unsafe.Pointer(&m.buf[m.base]) }
 
-func (m *memory) store(t logical) {
-	idx := make([]int64, len(t.shape))
-	for i := range t.bits {
-		unravel(t.shape, int64(i), idx)
-		putBits(m.buf[m.base+offsetOf(idx, m.strides)*int64(m.elem):], m.elem, t.bits[i])
+// Fill sets every byte of the buffer, padding included.
+func (m *Memory) Fill(b byte) {
+	for i := range m.buf {
+		m.buf[i] = b
 	}
 }
 
-func (m *memory) load(shape []int64) logical {
-	t := logical{shape: shape, bits: make([]uint64, numel(shape))}
+// View is a tensor inside m's buffer, off elements from m's element 0.
+func (m *Memory) View(off int64, strides []int64) *Memory {
+	return &Memory{buf: m.buf, base: m.base + off*int64(m.elem), strides: strides, elem: m.elem}
+}
+
+func (m *Memory) Store(t Logical) {
+	idx := make([]int64, len(t.Shape))
+	for i := range t.Bits {
+		Unravel(t.Shape, int64(i), idx)
+		putBits(m.buf[m.base+OffsetOf(idx, m.strides)*int64(m.elem):], m.elem, t.Bits[i])
+	}
+}
+
+func (m *Memory) Load(shape []int64) Logical {
+	t := Logical{Shape: shape, Bits: make([]uint64, Numel(shape))}
 	idx := make([]int64, len(shape))
-	for i := range t.bits {
-		unravel(shape, int64(i), idx)
-		t.bits[i] = getBits(m.buf[m.base+offsetOf(idx, m.strides)*int64(m.elem):], m.elem)
+	for i := range t.Bits {
+		Unravel(shape, int64(i), idx)
+		t.Bits[i] = getBits(m.buf[m.base+OffsetOf(idx, m.strides)*int64(m.elem):], m.elem)
 	}
 	return t
 }
@@ -109,7 +121,7 @@ func getBits(b []byte, elem int) uint64 {
 
 // randomValue draws a finite value of dtype d, negative zero included, so
 // that rounding and the +0 rule are exercised.
-func randomValue(rng *rand.Rand, d DType) uint64 {
+func RandomValue(rng *rand.Rand, d DType) uint64 {
 	if rng.Intn(20) == 0 {
 		switch d {
 		case Float32:
@@ -148,11 +160,11 @@ func addScalar(d DType, a, b uint64) uint64 {
 
 // oracle computes every rank's forward output and input gradient from the
 // whole global sequence, element by element, straight from the semantics.
-func oracle(d DType, xs, grads []logical, dim int, L, R int64) (outs, gradXs []logical) {
+func Oracle(d DType, xs, grads []Logical, dim int, L, R int64) (outs, gradXs []Logical) {
 	W := len(xs)
 	off := make([]int64, W+1)
 	for r := range xs {
-		off[r+1] = off[r] + xs[r].shape[dim]
+		off[r+1] = off[r] + xs[r].Shape[dim]
 	}
 	N := off[W]
 	// valueAt returns the global element at position P along dim with the
@@ -162,39 +174,39 @@ func oracle(d DType, xs, grads []logical, dim int, L, R int64) (outs, gradXs []l
 			if P >= off[q] && P < off[q+1] {
 				j := append([]int64(nil), idx...)
 				j[dim] = P - off[q]
-				return xs[q].bits[offsetOf(j, ContiguousStrides(xs[q].shape))]
+				return xs[q].Bits[OffsetOf(j, ContiguousStrides(xs[q].Shape))]
 			}
 		}
 		panic("no owner")
 	}
 	for r := 0; r < W; r++ {
-		n := xs[r].shape[dim]
-		oshape := append([]int64(nil), xs[r].shape...)
+		n := xs[r].Shape[dim]
+		oshape := append([]int64(nil), xs[r].Shape...)
 		oshape[dim] += L + R
-		out := logical{shape: oshape, bits: make([]uint64, numel(oshape))}
+		out := Logical{Shape: oshape, Bits: make([]uint64, Numel(oshape))}
 		idx := make([]int64, len(oshape))
-		for i := range out.bits {
-			unravel(oshape, int64(i), idx)
+		for i := range out.Bits {
+			Unravel(oshape, int64(i), idx)
 			P := off[r] - L + idx[dim]
 			if P >= 0 && P < N {
-				out.bits[i] = valueAt(P, idx)
+				out.Bits[i] = valueAt(P, idx)
 			}
 		}
 		outs = append(outs, out)
 
-		gx := logical{shape: xs[r].shape, bits: make([]uint64, numel(xs[r].shape))}
-		for i := range gx.bits {
-			unravel(xs[r].shape, int64(i), idx[:len(xs[r].shape)])
-			j := idx[:len(xs[r].shape)]
+		gx := Logical{Shape: xs[r].Shape, Bits: make([]uint64, Numel(xs[r].Shape))}
+		for i := range gx.Bits {
+			Unravel(xs[r].Shape, int64(i), idx[:len(xs[r].Shape)])
+			j := idx[:len(xs[r].Shape)]
 			P := off[r] + j[dim]
 			gAt := func(s int) uint64 { // rank s's grad_out at global position P
 				k := append([]int64(nil), j...)
 				k[dim] = P - off[s] + L
-				return grads[s].bits[offsetOf(k, ContiguousStrides(grads[s].shape))]
+				return grads[s].Bits[OffsetOf(k, ContiguousStrides(grads[s].Shape))]
 			}
 			k := append([]int64(nil), j...)
 			k[dim] += L
-			v := grads[r].bits[offsetOf(k, ContiguousStrides(grads[r].shape))]
+			v := grads[r].Bits[OffsetOf(k, ContiguousStrides(grads[r].Shape))]
 			for s := r + 1; s < W; s++ { // used as left halo by ranks to the right
 				if P >= off[s]-L && P < off[s] {
 					v = addScalar(d, v, gAt(s))
@@ -211,7 +223,7 @@ func oracle(d DType, xs, grads []logical, dim int, L, R int64) (outs, gradXs []l
 			if r == 0 && j[dim] < R {
 				v = addScalar(d, v, 0)
 			}
-			gx.bits[i] = v
+			gx.Bits[i] = v
 		}
 		gradXs = append(gradXs, gx)
 	}

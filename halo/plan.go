@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/halo-cp/halo/halo/transport"
 )
 
 // Padding says what fills halo slices outside the global sequence.
@@ -53,9 +55,9 @@ type Plan struct {
 // schedule is one direction's prepared work. Bases of its batch: 0 and 1
 // are the call's source and destination tensors, then one per staging buffer.
 type schedule struct {
-	batch    Batch
+	batch    transport.Batch
 	bases    []uintptr
-	staging  []Buffer
+	staging  []transport.Buffer
 	pack     []staged // before Post: staging <- source
 	unpack   []staged // after Wait: destination <- staging
 	add      []staged // after Wait, in order: destination += staging
@@ -236,17 +238,17 @@ func (p *Plan) agree() ([]int64, error) {
 		defer buf.Free()
 		mine := buf.Bytes()[W*recordSize:]
 		recs[me].encode(mine)
-		var ops []Op
+		var ops []transport.Op
 		for q := 0; q < W; q++ {
 			if q != me {
-				ops = append(ops, Op{Peer: q, Tag: tag(0, phaseSetup), Base: 0,
-					Segs: []Segment{{Off: int64(q * recordSize), Len: recordSize}}})
+				ops = append(ops, transport.Op{Peer: q, Tag: tag(0, phaseSetup), Base: 0,
+					Segs: []transport.Segment{{Off: int64(q * recordSize), Len: recordSize}}})
 			}
 		}
 		for q := 0; q < W; q++ {
 			if q != me {
-				ops = append(ops, Op{Peer: q, Tag: tag(0, phaseSetup), Send: true, Base: 0,
-					Segs: []Segment{{Off: int64(W * recordSize), Len: recordSize}}})
+				ops = append(ops, transport.Op{Peer: q, Tag: tag(0, phaseSetup), Send: true, Base: 0,
+					Segs: []transport.Segment{{Off: int64(W * recordSize), Len: recordSize}}})
 			}
 		}
 		b, err := g.t.Prepare(ops)
@@ -266,7 +268,7 @@ func (p *Plan) agree() ([]int64, error) {
 			}
 			r, err := decodeRecord(buf.Bytes()[q*recordSize:])
 			if err != nil {
-				return nil, g.fail(fmt.Errorf("rank %d: plan record from rank %d: %v", me, q, err))
+				return nil, g.fail(fmt.Errorf("%w: rank %d: plan record from rank %d: %v", ErrTransport, me, q, err))
 			}
 			recs[q] = r
 		}

@@ -1,4 +1,4 @@
-package halo
+package halo_test
 
 import (
 	"errors"
@@ -8,28 +8,10 @@ import (
 	"sync"
 	"testing"
 	"time"
-)
 
-// runRanks runs fn on W goroutines, one per rank of a fresh in-memory group.
-func runRanks(t *testing.T, W int, opts GroupOptions, fn func(g *Group) error) []error {
-	t.Helper()
-	hub := NewMemHub(W)
-	errs := make([]error, W)
-	var wg sync.WaitGroup
-	for r := 0; r < W; r++ {
-		g, err := NewGroup(hub.Transport(r), opts)
-		if err != nil {
-			t.Fatal(err)
-		}
-		wg.Add(1)
-		go func(r int) {
-			defer wg.Done()
-			errs[r] = fn(g)
-		}(r)
-	}
-	wg.Wait()
-	return errs
-}
+	. "github.com/halo-cp/halo/halo"
+	"github.com/halo-cp/halo/halo/halotest"
+)
 
 type caseSpec struct {
 	W       int
@@ -52,28 +34,28 @@ func (c caseSpec) String() string {
 func checkCase(t *testing.T, rng *rand.Rand, c caseSpec, opts GroupOptions) {
 	t.Helper()
 	elem := c.dtype.Size()
-	xs := make([]logical, c.W)
-	grads := make([]logical, c.W)
+	xs := make([]Logical, c.W)
+	grads := make([]Logical, c.W)
 	specs := make([]Spec, c.W)
 	for r := 0; r < c.W; r++ {
 		sh := append([]int64(nil), c.shape...)
 		sh[c.dim] = c.lengths[r]
-		xs[r] = logical{shape: sh, bits: make([]uint64, numel(sh))}
-		for i := range xs[r].bits {
-			xs[r].bits[i] = randomValue(rng, c.dtype)
+		xs[r] = Logical{Shape: sh, Bits: make([]uint64, Numel(sh))}
+		for i := range xs[r].Bits {
+			xs[r].Bits[i] = RandomValue(rng, c.dtype)
 		}
 		osh := append([]int64(nil), sh...)
 		osh[c.dim] += c.L + c.R
-		grads[r] = logical{shape: osh, bits: make([]uint64, numel(osh))}
-		for i := range grads[r].bits {
-			grads[r].bits[i] = randomValue(rng, c.dtype)
+		grads[r] = Logical{Shape: osh, Bits: make([]uint64, Numel(osh))}
+		for i := range grads[r].Bits {
+			grads[r].Bits[i] = RandomValue(rng, c.dtype)
 		}
 		s := Spec{DType: c.dtype, Shape: sh, Dim: c.dim, Left: c.L, Right: c.R}
 		if c.strided {
-			s.OutStrides = randomStrides(rng, osh)
-			s.GradOutStrides = randomStrides(rng, osh)
-			s.XStrides = randomStrides(rng, sh)
-			s.GradXStrides = randomStrides(rng, sh)
+			s.OutStrides = RandomStrides(rng, osh)
+			s.GradOutStrides = RandomStrides(rng, osh)
+			s.XStrides = RandomStrides(rng, sh)
+			s.GradXStrides = RandomStrides(rng, sh)
 		}
 		if c.inPlace {
 			if s.OutStrides == nil {
@@ -83,12 +65,12 @@ func checkCase(t *testing.T, rng *rand.Rand, c caseSpec, opts GroupOptions) {
 			s.GradOutStrides = s.OutStrides
 			s.GradXStrides = s.OutStrides
 		}
-		specs[r] = s.normalized()
+		specs[r] = s.Normalized()
 	}
-	wantOut, wantGX := oracle(c.dtype, xs, grads, c.dim, c.L, c.R)
+	wantOut, wantGX := Oracle(c.dtype, xs, grads, c.dim, c.L, c.R)
 	var mu sync.Mutex
 	var failures []string
-	errs := runRanks(t, c.W, opts, func(g *Group) error {
+	errs := halotest.Groups(c.W, opts, func(g *Group) error {
 		r := g.Rank()
 		s := specs[r]
 		p, err := g.NewPlan(s)
@@ -97,47 +79,42 @@ func checkCase(t *testing.T, rng *rand.Rand, c caseSpec, opts GroupOptions) {
 		}
 		defer p.Close()
 		osh := s.OutShape()
-		out := newMemory(osh, s.OutStrides, elem, 64)
-		gout := newMemory(osh, s.GradOutStrides, elem, 64)
-		fill := func(m *memory) { // garbage where the plan must write
-			for i := range m.buf {
-				m.buf[i] = 0xA5
-			}
-		}
-		fill(out)
-		var x, gx *memory
+		out := NewMemory(osh, s.OutStrides, elem, 64)
+		gout := NewMemory(osh, s.GradOutStrides, elem, 64)
+		out.Fill(0xA5) // garbage where the plan must write
+		var x, gx *Memory
 		if c.inPlace {
-			x = &memory{buf: out.buf, base: out.base + c.L*s.OutStrides[c.dim]*int64(elem), strides: s.XStrides, elem: elem}
-			x.store(xs[r])
+			x = out.View(c.L*s.OutStrides[c.dim], s.XStrides)
+			x.Store(xs[r])
 		} else {
-			x = newMemory(s.Shape, s.XStrides, elem, 64)
-			x.store(xs[r])
+			x = NewMemory(s.Shape, s.XStrides, elem, 64)
+			x.Store(xs[r])
 		}
-		if err := p.Forward(x.ptr(), out.ptr()); err != nil {
+		if err := p.Forward(x.Ptr(), out.Ptr()); err != nil {
 			return err
 		}
-		gout.store(grads[r])
+		gout.Store(grads[r])
 		if c.inPlace {
-			gx = &memory{buf: gout.buf, base: gout.base + c.L*s.GradOutStrides[c.dim]*int64(elem), strides: s.GradXStrides, elem: elem}
+			gx = gout.View(c.L*s.GradOutStrides[c.dim], s.GradXStrides)
 		} else {
-			gx = newMemory(s.Shape, s.GradXStrides, elem, 64)
-			fill(gx)
+			gx = NewMemory(s.Shape, s.GradXStrides, elem, 64)
+			gx.Fill(0xA5)
 		}
-		if err := p.Backward(gout.ptr(), gx.ptr()); err != nil {
+		if err := p.Backward(gout.Ptr(), gx.Ptr()); err != nil {
 			return err
 		}
-		gotOut, gotGX := out.load(osh), gx.load(s.Shape)
+		gotOut, gotGX := out.Load(osh), gx.Load(s.Shape)
 		mu.Lock()
 		defer mu.Unlock()
-		for i, v := range wantOut[r].bits {
-			if gotOut.bits[i] != v {
-				failures = append(failures, fmt.Sprintf("rank %d out[%d] = %#x, want %#x", r, i, gotOut.bits[i], v))
+		for i, v := range wantOut[r].Bits {
+			if gotOut.Bits[i] != v {
+				failures = append(failures, fmt.Sprintf("rank %d out[%d] = %#x, want %#x", r, i, gotOut.Bits[i], v))
 				break
 			}
 		}
-		for i, v := range wantGX[r].bits {
-			if gotGX.bits[i] != v {
-				failures = append(failures, fmt.Sprintf("rank %d grad_x[%d] = %#x, want %#x", r, i, gotGX.bits[i], v))
+		for i, v := range wantGX[r].Bits {
+			if gotGX.Bits[i] != v {
+				failures = append(failures, fmt.Sprintf("rank %d grad_x[%d] = %#x, want %#x", r, i, gotGX.Bits[i], v))
 				break
 			}
 		}
@@ -229,7 +206,7 @@ func TestMismatchFailsEverywhere(t *testing.T) {
 		}, "dim: 0 on rank 0, 1 on ranks 1-2"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			errs := runRanks(t, 3, GroupOptions{Timeout: 5 * time.Second}, func(g *Group) error {
+			errs := halotest.Groups(3, GroupOptions{Timeout: 5 * time.Second}, func(g *Group) error {
 				s := Spec{DType: Float32, Shape: []int64{4, 5}, Dim: 1, Left: 1, Right: 1}
 				tc.edit(g.Rank(), &s)
 				p, err := g.NewPlan(s)
@@ -249,7 +226,7 @@ func TestMismatchFailsEverywhere(t *testing.T) {
 
 func TestMissingRankTimesOut(t *testing.T) {
 	start := time.Now()
-	errs := runRanks(t, 3, GroupOptions{Timeout: 300 * time.Millisecond}, func(g *Group) error {
+	errs := halotest.Groups(3, GroupOptions{Timeout: 300 * time.Millisecond}, func(g *Group) error {
 		if g.Rank() == 1 {
 			return nil // never creates the plan
 		}
@@ -257,8 +234,8 @@ func TestMissingRankTimesOut(t *testing.T) {
 		if err == nil {
 			return errors.New("plan creation succeeded without rank 1")
 		}
-		if !strings.Contains(err.Error(), "rank 1") {
-			return fmt.Errorf("error does not name rank 1: %v", err)
+		if !errors.Is(err, ErrTimeout) || !strings.Contains(err.Error(), "rank 1") {
+			return fmt.Errorf("want a timeout that names rank 1, got %v", err)
 		}
 		// The group is unusable now, and says why.
 		_, err2 := g.NewPlan(Spec{DType: Float32, Shape: []int64{2, 2}, Dim: 0})
@@ -278,7 +255,7 @@ func TestMissingRankTimesOut(t *testing.T) {
 }
 
 func TestPeerFailureDuringForward(t *testing.T) {
-	hub := NewMemHub(2)
+	hub := halotest.NewMemHub(2)
 	g0, _ := NewGroup(hub.Transport(0), GroupOptions{Timeout: 5 * time.Second})
 	g1, _ := NewGroup(hub.Transport(1), GroupOptions{Timeout: 5 * time.Second})
 	spec := Spec{DType: Float32, Shape: []int64{4}, Dim: 0, Left: 1, Right: 1}
@@ -296,9 +273,12 @@ func TestPeerFailureDuringForward(t *testing.T) {
 	defer p1.Close()
 	hub.Kill(1)
 	x, out := make([]float32, 4), make([]float32, 6)
-	err = p0.Forward(ptrOf(x), ptrOf(out))
-	if err == nil || !strings.Contains(err.Error(), "rank 1") || !strings.Contains(err.Error(), "rank 0: forward of plan 1") {
+	err = p0.Forward(PtrOf(x), PtrOf(out))
+	if !errors.Is(err, ErrPeerFailed) || !strings.Contains(err.Error(), "rank 1") || !strings.Contains(err.Error(), "rank 0: forward of plan 1") {
 		t.Fatalf("got %v", err)
+	}
+	if err := p0.Forward(PtrOf(x), PtrOf(out)); !errors.Is(err, ErrFailed) {
+		t.Fatalf("forward after a failure: got %v, want ErrFailed", err)
 	}
 	if err := p0.Close(); err != nil {
 		t.Fatal(err)
@@ -306,8 +286,7 @@ func TestPeerFailureDuringForward(t *testing.T) {
 }
 
 func TestInvalidSpecs(t *testing.T) {
-	hub := NewMemHub(1)
-	g, _ := NewGroup(hub.Transport(0), GroupOptions{})
+	g := halotest.Group(GroupOptions{})
 	for _, tc := range []struct {
 		spec Spec
 		want string
@@ -338,8 +317,7 @@ func TestInvalidSpecs(t *testing.T) {
 }
 
 func TestBadPointers(t *testing.T) {
-	hub := NewMemHub(1)
-	g, _ := NewGroup(hub.Transport(0), GroupOptions{})
+	g := halotest.Group(GroupOptions{})
 	p, err := g.NewPlan(Spec{DType: Float32, Shape: []int64{4, 3}, Dim: 0, Left: 1, Right: 1})
 	if err != nil {
 		t.Fatal(err)
@@ -352,16 +330,16 @@ func TestBadPointers(t *testing.T) {
 			t.Errorf("got %v, want %q", err, want)
 		}
 	}
-	check(p.Forward(nil, ptrOf(out)), "x is NULL")
-	check(p.Forward(ptrOf(x), nil), "out is NULL")
-	check(p.Backward(nil, ptrOf(x)), "grad_out is NULL")
-	check(p.Forward(ptrOf(out[1:]), ptrOf(out)), "x overlaps out but is not its interior")
-	if err := p.Forward(ptrOf(out[3:]), ptrOf(out)); err != nil { // exactly the interior
+	check(p.Forward(nil, PtrOf(out)), "x is NULL")
+	check(p.Forward(PtrOf(x), nil), "out is NULL")
+	check(p.Backward(nil, PtrOf(x)), "grad_out is NULL")
+	check(p.Forward(PtrOf(out[1:]), PtrOf(out)), "x overlaps out but is not its interior")
+	if err := p.Forward(PtrOf(out[3:]), PtrOf(out)); err != nil { // exactly the interior
 		t.Errorf("in-place forward: %v", err)
 	}
 	p.Close()
 	p.Close()
-	if err := p.Forward(ptrOf(x), ptrOf(out)); !errors.Is(err, ErrClosed) {
+	if err := p.Forward(PtrOf(x), PtrOf(out)); !errors.Is(err, ErrClosed) {
 		t.Errorf("forward after close: %v", err)
 	}
 }
@@ -369,7 +347,7 @@ func TestBadPointers(t *testing.T) {
 func TestConcurrentPlansKeepApart(t *testing.T) {
 	// Two plans with identical layouts: their messages must never mix, even
 	// when ranks run them in different orders.
-	errs := runRanks(t, 2, GroupOptions{Timeout: 5 * time.Second}, func(g *Group) error {
+	errs := halotest.Groups(2, GroupOptions{Timeout: 5 * time.Second}, func(g *Group) error {
 		s := Spec{DType: Float32, Shape: []int64{4}, Dim: 0, Left: 2, Right: 2}
 		a, err := g.NewPlan(s)
 		if err != nil {
@@ -382,10 +360,10 @@ func TestConcurrentPlansKeepApart(t *testing.T) {
 		r := float32(g.Rank())
 		xa, xb := []float32{r, r, r, r}, []float32{10 + r, 10 + r, 10 + r, 10 + r}
 		oa, ob := make([]float32, 8), make([]float32, 8)
-		if err := a.Forward(ptrOf(xa), ptrOf(oa)); err != nil {
+		if err := a.Forward(PtrOf(xa), PtrOf(oa)); err != nil {
 			return err
 		}
-		if err := b.Forward(ptrOf(xb), ptrOf(ob)); err != nil {
+		if err := b.Forward(PtrOf(xb), PtrOf(ob)); err != nil {
 			return err
 		}
 		peer := 1 - r
@@ -407,6 +385,37 @@ func TestConcurrentPlansKeepApart(t *testing.T) {
 	for r, err := range errs {
 		if err != nil {
 			t.Errorf("rank %d: %v", r, err)
+		}
+	}
+}
+
+// A forward whose interior copy is large enough to bypass the cache still
+// copies every byte to the right place.
+func TestLargeInteriorCopy(t *testing.T) {
+	g := halotest.Group(GroupOptions{})
+	const rows, cols = 3, 1<<19 + 3 // 6 MiB of float32, odd row length
+	p, err := g.NewPlan(Spec{DType: Float32, Shape: []int64{rows, cols}, Dim: 1, Left: 1, Right: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	x := make([]float32, rows*cols)
+	for i := range x {
+		x[i] = float32(i)
+	}
+	out := make([]float32, rows*(cols+3))
+	if err := p.Forward(PtrOf(x), PtrOf(out)); err != nil {
+		t.Fatal(err)
+	}
+	for r := 0; r < rows; r++ {
+		row := out[r*(cols+3) : (r+1)*(cols+3)]
+		if row[0] != 0 || row[cols+1] != 0 || row[cols+2] != 0 {
+			t.Fatalf("row %d: padding not zero", r)
+		}
+		for c := 0; c < cols; c++ {
+			if row[1+c] != x[r*cols+c] {
+				t.Fatalf("row %d col %d: %v, want %v", r, c, row[1+c], x[r*cols+c])
+			}
 		}
 	}
 }

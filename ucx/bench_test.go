@@ -148,11 +148,11 @@ func benchPingPong(b *testing.B, n, segs int, opts Options) {
 	b.ReportMetric(float64(n)/oneWay, "GB/s")
 }
 
-func BenchmarkPingPong2KiB(b *testing.B)       { benchPingPong(b, 2048, 1, DefaultOptions()) }
-func BenchmarkPingPong2KiBIOV16(b *testing.B)  { benchPingPong(b, 2048, 16, DefaultOptions()) }
-func BenchmarkPingPong2MiB(b *testing.B)       { benchPingPong(b, 2<<20, 1, DefaultOptions()) }
-func BenchmarkPingPong2MiBIOV64(b *testing.B)  { benchPingPong(b, 2<<20, 64, DefaultOptions()) }
-func BenchmarkPingPong8B(b *testing.B)         { benchPingPong(b, 8, 1, DefaultOptions()) }
+func BenchmarkPingPong2KiB(b *testing.B)       { benchPingPong(b, 2048, 1, Options{}) }
+func BenchmarkPingPong2KiBIOV16(b *testing.B)  { benchPingPong(b, 2048, 16, Options{}) }
+func BenchmarkPingPong2MiB(b *testing.B)       { benchPingPong(b, 2<<20, 1, Options{}) }
+func BenchmarkPingPong2MiBIOV64(b *testing.B)  { benchPingPong(b, 2<<20, 64, Options{}) }
+func BenchmarkPingPong8B(b *testing.B)         { benchPingPong(b, 8, 1, Options{}) }
 func BenchmarkPingPong2KiBNoPeer(b *testing.B) { benchPingPong(b, 2048, 1, Options{}) }
 
 // Post and Wait allocate nothing in Go.
@@ -265,4 +265,4 @@ func benchStream(b *testing.B, n, segs, window int, opts Options) {
 
 // BenchmarkStream2MiB: eight 2 MiB messages per batch, one way; compare
 // with ucx_perftest -t tag_bw -s 2097152.
-func BenchmarkStream2MiB(b *testing.B) { benchStream(b, 2<<20, 1, 8, DefaultOptions()) }
+func BenchmarkStream2MiB(b *testing.B) { benchStream(b, 2<<20, 1, 8, Options{}) }

@@ -17,8 +17,11 @@ import (
 	"unsafe"
 )
 
-// Options configure Open. The zero value is valid; DefaultOptions returns
-// the recommended settings.
+// Options configure Open. The zero value is the default, and what halo's
+// communicators use unless told otherwise: no peer error handling, because in
+// UCX 1.13 it costs the single-copy CMA transport on shared memory (2 MiB
+// halos take 400 us instead of 200-265 us, bench/RESULTS.md); a dead peer is
+// then noticed at the deadline.
 type Options struct {
 	// PeerErrorHandling creates endpoints in UCP_ERR_HANDLING_MODE_PEER, so
 	// that a dead or unreachable peer fails its operations with
@@ -32,9 +35,9 @@ type Options struct {
 	PeerErrorHandling bool
 
 	// KeepaliveInterval is how often UCX checks that peers are alive
-	// (UCX_KEEPALIVE_INTERVAL, 20 s by default), with PeerErrorHandling
-	// only: about how long a dead peer goes unnoticed. Zero keeps UCX's
-	// setting; the environment wins over this field.
+	// (UCX_KEEPALIVE_INTERVAL), with PeerErrorHandling only: about how
+	// long a dead peer goes unnoticed. Zero means DefaultKeepalive; the
+	// environment wins over this field.
 	KeepaliveInterval time.Duration
 
 	// SpinPolls is how many consecutive idle progress calls Wait makes
@@ -57,15 +60,9 @@ const DefaultSpinPolls = 65536
 // unfinished operations complete before it force-closes their endpoints.
 const abortGrace = 20 * time.Millisecond
 
-// DefaultOptions returns the recommended options: peer error handling on
-// (shared memory is kept, see NOTES.md for the measurements) with a 1 s
-// keepalive, and the default spin count.
-func DefaultOptions() Options {
-	return Options{
-		PeerErrorHandling: true,
-		KeepaliveInterval: time.Second,
-	}
-}
+// DefaultKeepalive is Options.KeepaliveInterval when it is zero: a dead
+// peer is noticed within about a second (UCX's own default is 20 s).
+const DefaultKeepalive = time.Second
 
 // Version is the version of the UCX library in use (ucp_get_version_string).
 func Version() string {
@@ -149,9 +146,11 @@ func applyConfig(cfg *C.ucp_config_t, opts Options) error {
 		if !posix && !sysv {
 			defaults("MM_ERROR_HANDLING", "y")
 		}
-		if opts.KeepaliveInterval > 0 {
-			defaults("KEEPALIVE_INTERVAL", fmt.Sprintf("%dus", max(opts.KeepaliveInterval.Microseconds(), 1)))
+		keepalive := opts.KeepaliveInterval
+		if keepalive <= 0 {
+			keepalive = DefaultKeepalive
 		}
+		defaults("KEEPALIVE_INTERVAL", fmt.Sprintf("%dus", max(keepalive.Microseconds(), 1)))
 	}
 	names := make([]string, 0, len(opts.Config))
 	for name := range opts.Config {

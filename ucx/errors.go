@@ -30,35 +30,35 @@ var (
 // are errors.
 type Status int32
 
-// Status values (ucs/type/status.h; the values are part of UCX's ABI).
+// Status values, bound to ucs/type/status.h's so that they cannot drift.
 const (
-	StatusOK               Status = 0
-	StatusInProgress       Status = 1
-	StatusNoMessage        Status = -1
-	StatusNoResource       Status = -2
-	StatusIOError          Status = -3
-	StatusNoMemory         Status = -4
-	StatusInvalidParam     Status = -5
-	StatusUnreachable      Status = -6
-	StatusInvalidAddr      Status = -7
-	StatusNotImplemented   Status = -8
-	StatusMessageTruncated Status = -9
-	StatusNoProgress       Status = -10
-	StatusBufferTooSmall   Status = -11
-	StatusNoElem           Status = -12
-	StatusNoDevice         Status = -14
-	StatusBusy             Status = -15
-	StatusCanceled         Status = -16
-	StatusShmemSegment     Status = -17
-	StatusAlreadyExists    Status = -18
-	StatusOutOfRange       Status = -19
-	StatusTimedOut         Status = -20
-	StatusExceedsLimit     Status = -21
-	StatusUnsupported      Status = -22
-	StatusRejected         Status = -23
-	StatusNotConnected     Status = -24
-	StatusConnectionReset  Status = -25
-	StatusEndpointTimeout  Status = -80
+	StatusOK               Status = C.UCS_OK
+	StatusInProgress       Status = C.UCS_INPROGRESS
+	StatusNoMessage        Status = C.UCS_ERR_NO_MESSAGE
+	StatusNoResource       Status = C.UCS_ERR_NO_RESOURCE
+	StatusIOError          Status = C.UCS_ERR_IO_ERROR
+	StatusNoMemory         Status = C.UCS_ERR_NO_MEMORY
+	StatusInvalidParam     Status = C.UCS_ERR_INVALID_PARAM
+	StatusUnreachable      Status = C.UCS_ERR_UNREACHABLE
+	StatusInvalidAddr      Status = C.UCS_ERR_INVALID_ADDR
+	StatusNotImplemented   Status = C.UCS_ERR_NOT_IMPLEMENTED
+	StatusMessageTruncated Status = C.UCS_ERR_MESSAGE_TRUNCATED
+	StatusNoProgress       Status = C.UCS_ERR_NO_PROGRESS
+	StatusBufferTooSmall   Status = C.UCS_ERR_BUFFER_TOO_SMALL
+	StatusNoElem           Status = C.UCS_ERR_NO_ELEM
+	StatusNoDevice         Status = C.UCS_ERR_NO_DEVICE
+	StatusBusy             Status = C.UCS_ERR_BUSY
+	StatusCanceled         Status = C.UCS_ERR_CANCELED
+	StatusShmemSegment     Status = C.UCS_ERR_SHMEM_SEGMENT
+	StatusAlreadyExists    Status = C.UCS_ERR_ALREADY_EXISTS
+	StatusOutOfRange       Status = C.UCS_ERR_OUT_OF_RANGE
+	StatusTimedOut         Status = C.UCS_ERR_TIMED_OUT
+	StatusExceedsLimit     Status = C.UCS_ERR_EXCEEDS_LIMIT
+	StatusUnsupported      Status = C.UCS_ERR_UNSUPPORTED
+	StatusRejected         Status = C.UCS_ERR_REJECTED
+	StatusNotConnected     Status = C.UCS_ERR_NOT_CONNECTED
+	StatusConnectionReset  Status = C.UCS_ERR_CONNECTION_RESET
+	StatusEndpointTimeout  Status = C.UCS_ERR_ENDPOINT_TIMEOUT
 )
 
 // String is UCX's text for the status (ucs_status_string).

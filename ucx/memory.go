@@ -23,7 +23,13 @@ type Buffer struct {
 }
 
 // Alloc returns n bytes of zeroed C memory.
-func (t *Transport) Alloc(n int) (*Buffer, error) {
+func (t *Transport) Alloc(n int) (*Buffer, error) { return AllocBuffer(n) }
+
+// AllocBuffer returns n bytes of zeroed, page-aligned C memory that belongs
+// to no transport: for tensors that UCX reads and writes during a call,
+// which must not live on the Go heap. Every page is touched here, not during
+// the first timed call.
+func AllocBuffer(n int) (*Buffer, error) {
 	if n < 0 {
 		return nil, fmt.Errorf("ucx: alloc: negative size %d", n)
 	}
@@ -33,6 +39,9 @@ func (t *Transport) Alloc(n int) (*Buffer, error) {
 	}
 	return &Buffer{p: p, n: n}, nil
 }
+
+// Ptr is the buffer's address as a pointer; nil after Free.
+func (b *Buffer) Ptr() unsafe.Pointer { return b.p }
 
 // Addr is the buffer's address, for Batch.Post; 0 after Free.
 func (b *Buffer) Addr() uintptr { return uintptr(b.p) }

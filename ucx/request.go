@@ -10,24 +10,9 @@ import (
 	"fmt"
 	"time"
 	"unsafe"
+
+	"github.com/halo-cp/halo/halo/transport"
 )
-
-// Segment is a byte range at an offset from an Op's base address.
-type Segment struct {
-	Off int64
-	Len int64
-}
-
-// Op is one tagged message. A receive must arrive with exactly the total
-// length of its segments. One segment is sent or received as contiguous
-// memory, several as a UCX I/O vector (UCP_DATATYPE_IOV).
-type Op struct {
-	Peer int
-	Tag  uint64 // must fit in Transport.TagBits bits
-	Send bool
-	Base int // index into the bases passed to Batch.Post
-	Segs []Segment
-}
 
 // Batch is a prepared list of operations, posted and waited for as a whole.
 // Its operation descriptions (and I/O vectors) live in C memory until Close.
@@ -56,7 +41,7 @@ var (
 
 // Prepare checks and stores ops for repeated use. Receives are posted before
 // sends, each group in the order given.
-func (t *Transport) Prepare(ops []Op) (*Batch, error) {
+func (t *Transport) Prepare(ops []transport.Op) (*Batch, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.c == nil {
@@ -137,7 +122,7 @@ func (t *Transport) Prepare(ops []Op) (*Batch, error) {
 	return b, nil
 }
 
-func (t *Transport) checkOp(op Op) error {
+func (t *Transport) checkOp(op transport.Op) error {
 	switch {
 	case op.Peer < 0 || op.Peer >= t.size:
 		return fmt.Errorf("peer %d is not a rank of a group of %d", op.Peer, t.size)

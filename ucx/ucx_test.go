@@ -12,9 +12,9 @@ import (
 )
 
 // testOptions keeps tests on this machine's shared memory with peer error
-// handling as recommended.
+// handling on, so that peer failures are reported as they happen.
 func testOptions() Options {
-	return DefaultOptions()
+	return Options{PeerErrorHandling: true}
 }
 
 // openPair opens two transports in this process, ranks 0 and 1 of one
@@ -392,7 +392,7 @@ func TestDeadline(t *testing.T) {
 	buf := alloc(t, a, 4096)
 	rb := prepare(t, a, []Op{
 		{Peer: 1, Tag: 0x77, Segs: contig(0, 2048)},
-		{Peer: 1, Tag: 0x78, Segs: []Segment{{0, 1024}, {2048, 1024}}},
+		{Peer: 1, Tag: 0x78, Segs: []Segment{{Off: 0, Len: 1024}, {Off: 2048, Len: 1024}}},
 	})
 	for iter := 0; iter < 2; iter++ {
 		const d = 200 * time.Millisecond
@@ -575,7 +575,7 @@ func TestStatusError(t *testing.T) {
 // Peer error handling must not cost shared memory (UCX 1.13 drops posix and
 // sysv from such endpoints unless their ERROR_HANDLING option is set).
 func TestPeerModeKeepsSharedMemory(t *testing.T) {
-	for _, opts := range []Options{{}, DefaultOptions()} {
+	for _, opts := range []Options{{}, {PeerErrorHandling: true}} {
 		a, _ := openPair(t, opts)
 		info, err := a.EndpointInfo(1)
 		if err != nil {

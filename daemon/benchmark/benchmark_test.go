@@ -13,6 +13,7 @@ import (
 	"unsafe"
 
 	"github.com/halo-cp/halo/halo"
+	"github.com/halo-cp/halo/halo/halotest"
 	"github.com/rs/zerolog"
 )
 
@@ -95,22 +96,7 @@ func TestParseShape(t *testing.T) {
 // runGroup runs fn on every rank of an in-memory group, concurrently.
 func runGroup(t *testing.T, size int, fn func(g *halo.Group) error) {
 	t.Helper()
-	hub := halo.NewMemHub(size)
-	var wg sync.WaitGroup
-	errs := make([]error, size)
-	for r := 0; r < size; r++ {
-		wg.Add(1)
-		go func(r int) {
-			defer wg.Done()
-			g, err := halo.NewGroup(hub.Transport(r), halo.GroupOptions{Timeout: 20 * time.Second})
-			if err == nil {
-				err = fn(g)
-			}
-			errs[r] = err
-		}(r)
-	}
-	wg.Wait()
-	for r, err := range errs {
+	for r, err := range halotest.Groups(size, halo.GroupOptions{Timeout: 20 * time.Second}, fn) {
 		if err != nil {
 			t.Fatalf("rank %d: %v", r, err)
 		}

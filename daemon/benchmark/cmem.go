@@ -1,45 +1,31 @@
 package benchmark
 
-/*
-#include <stdlib.h>
-#include <string.h>
-
-static void *hb_alloc(size_t n)
-{
-    void *p = NULL;
-    if (posix_memalign(&p, 4096, n == 0 ? 1 : n) != 0) {
-        return NULL;
-    }
-    memset(p, 0, n); // touch every page now, not during the first timed call
-    return p;
-}
-*/
-import "C"
-
 import (
 	"fmt"
 	"unsafe"
+
+	"github.com/halo-cp/halo/ucx"
 )
 
 // cbuf is C memory. Tensors passed to Forward and Backward must not live on
 // the Go heap: UCX holds on to them during the call, and the Go collector
 // may move or free what it does not know is in use.
 type cbuf struct {
+	b *ucx.Buffer
 	p unsafe.Pointer
-	n int64
 }
 
 func allocC(n int64) (*cbuf, error) {
-	p := C.hb_alloc(C.size_t(n))
-	if p == nil {
-		return nil, fmt.Errorf("cannot allocate %s for a tensor", fmtBytes(n))
+	b, err := ucx.AllocBuffer(int(n))
+	if err != nil {
+		return nil, fmt.Errorf("cannot allocate %s for a tensor: %w", fmtBytes(n), err)
 	}
-	return &cbuf{p: p, n: n}, nil
+	return &cbuf{b: b, p: b.Ptr()}, nil
 }
 
 func (b *cbuf) free() {
-	if b != nil && b.p != nil {
-		C.free(b.p)
+	if b != nil {
+		b.b.Free()
 		b.p = nil
 	}
 }

@@ -1,15 +1,21 @@
-package halo
-
-import "time"
-
-// Transport is what the algorithm needs from the wire: tagged, non-blocking,
-// batched point-to-point messages between the ranks of one group. The UCX
-// implementation lives in ucx/ (adapted in comm/); memtransport.go is an
-// in-process one for tests.
+// Package transport is the contract between halo's algorithm and a wire:
+// tagged, non-blocking, batched point-to-point messages between the ranks of
+// one group. It is a leaf package so that the algorithm (halo), the UCX
+// binding (ucx) and the in-process test transport (halo/halotest) share one
+// definition of an operation without importing each other.
 //
 // The model is "prepare once, run every step": a plan describes its messages
 // once, as offsets into numbered base buffers, and each call only supplies the
 // base addresses. That keeps per-step work (and cgo crossings) to a minimum.
+//
+// Errors: an implementation's failures must match one of halo's error
+// classes with errors.Is (halo.ErrTimeout, halo.ErrPeerFailed, ...); the UCX
+// transport's are classed where comm adapts it.
+package transport
+
+import "time"
+
+// Transport is one rank's end of a group's wire.
 type Transport interface {
 	Rank() int
 	Size() int
@@ -37,13 +43,23 @@ type Segment struct {
 // Op is one tagged message. A receive matches only a message from its Peer
 // with its Tag (the transport carries the sender), in the order they were
 // sent; it must arrive with exactly the total length of its segments, and
-// anything else is an error naming the peer.
+// anything else is an error naming the peer. One segment goes on the wire as
+// contiguous memory, several as an I/O vector.
 type Op struct {
 	Peer int
 	Tag  uint64
 	Send bool
 	Base int // index into the bases passed to Batch.Post
 	Segs []Segment
+}
+
+// Bytes is the total length of the operation's segments.
+func (op *Op) Bytes() int64 {
+	var n int64
+	for _, s := range op.Segs {
+		n += s.Len
+	}
+	return n
 }
 
 // Batch is a prepared list of operations.

@@ -1,4 +1,4 @@
-package halo
+package halotest
 
 import (
 	"fmt"
@@ -6,11 +6,14 @@ import (
 	"sync"
 	"time"
 	"unsafe"
+
+	"github.com/halo-cp/halo/halo"
+	"github.com/halo-cp/halo/halo/transport"
 )
 
 // MemHub connects the ranks of an in-process group: the transport the
-// algorithm's tests run on, with real tag matching, length checks and
-// deadlines, and no UCX. Sends are eager (copied at Post).
+// algorithm's tests run on, with real tag matching, length checks, deadlines
+// and halo's error classes, and no UCX. Sends are eager (copied at Post).
 type MemHub struct {
 	mu      sync.Mutex
 	size    int
@@ -34,7 +37,7 @@ func NewMemHub(size int) *MemHub {
 }
 
 // Transport returns rank's end of the hub.
-func (h *MemHub) Transport(rank int) Transport { return &memTransport{h: h, rank: rank} }
+func (h *MemHub) Transport(rank int) transport.Transport { return &memTransport{h: h, rank: rank} }
 
 // Kill makes rank's peers see it as failed, as UCX reports a dead endpoint.
 func (h *MemHub) Kill(rank int) {
@@ -53,16 +56,16 @@ type memTransport struct {
 func (t *memTransport) Rank() int { return t.rank }
 func (t *memTransport) Size() int { return t.h.size }
 
-func (t *memTransport) Prepare(ops []Op) (Batch, error) {
+func (t *memTransport) Prepare(ops []transport.Op) (transport.Batch, error) {
 	for _, op := range ops {
 		if op.Peer < 0 || op.Peer >= t.h.size || op.Peer == t.rank {
-			return nil, fmt.Errorf("bad peer %d", op.Peer)
+			return nil, fmt.Errorf("%w: rank %d: bad peer %d", halo.ErrInvalid, t.rank, op.Peer)
 		}
 	}
-	return &memBatch{t: t, ops: append([]Op(nil), ops...)}, nil
+	return &memBatch{t: t, ops: append([]transport.Op(nil), ops...)}, nil
 }
 
-func (t *memTransport) Alloc(n int) (Buffer, error) {
+func (t *memTransport) Alloc(n int) (transport.Buffer, error) {
 	b := make([]byte, max(n, 1))
 	return &memBuffer{b: b[:n:n], keep: b}, nil
 }
@@ -75,7 +78,7 @@ func (b *memBuffer) Free() error   { return nil }
 
 type memBatch struct {
 	t      *memTransport
-	ops    []Op
+	ops    []transport.Op
 	bases  []uintptr
 	posted bool
 }
@@ -124,7 +127,7 @@ func (b *memBatch) Wait(deadline time.Time) error {
 			q := h.boxes[b.t.rank][k]
 			if len(q) == 0 {
 				if h.dead[op.Peer] {
-					failed = fmt.Errorf("recv from rank %d (tag %#x): peer failed", op.Peer, op.Tag)
+					failed = fmt.Errorf("%w: recv from rank %d (tag %#x)", halo.ErrPeerFailed, op.Peer, op.Tag)
 				}
 				pending = append(pending, fmt.Sprintf("recv from rank %d (tag %#x)", op.Peer, op.Tag))
 				continue
@@ -132,12 +135,8 @@ func (b *memBatch) Wait(deadline time.Time) error {
 			msg := q[0]
 			h.boxes[b.t.rank][k] = q[1:]
 			done[i] = true
-			var want int64
-			for _, s := range op.Segs {
-				want += s.Len
-			}
-			if int64(len(msg)) != want {
-				failed = fmt.Errorf("recv from rank %d (tag %#x): message length %d, expected %d", op.Peer, op.Tag, len(msg), want)
+			if want := op.Bytes(); int64(len(msg)) != want {
+				failed = fmt.Errorf("%w: recv from rank %d (tag %#x): message length %d, expected %d", halo.ErrTransport, op.Peer, op.Tag, len(msg), want)
 				continue
 			}
 			for _, s := range op.Segs {
@@ -155,7 +154,7 @@ func (b *memBatch) Wait(deadline time.Time) error {
 		}
 		wait := time.Until(deadline)
 		if wait <= 0 {
-			return fmt.Errorf("timed out waiting for: %s", strings.Join(pending, ", "))
+			return fmt.Errorf("%w waiting for: %s", halo.ErrTimeout, strings.Join(pending, ", "))
 		}
 		select {
 		case <-ch:
