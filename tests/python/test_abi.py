@@ -114,7 +114,8 @@ def test_structs_match_header():
     structs = _structs()
     for cname, py in (("halo_comm_params_t", LIB.CommParams), ("halo_plan_params_t", LIB.PlanParams)):
         members = structs[cname]
-        assert [f[0] for f in py._fields_] == [n for _, n in members], f"{py.__name__} fields differ from {cname}"
+        names, want = [f[0] for f in py._fields_], [n for _, n in members]
+        assert names == want, f"{py.__name__} fields {names} differ from {cname} {want}"
         for (ctyp, name), (_, pytyp) in zip(members, py._fields_):
             assert ctyp in ctype, f"{cname}.{name}: type {ctyp!r} unknown to test_abi.py"
             assert pytyp is ctype[ctyp], f"{py.__name__}.{name} is {pytyp.__name__}, {cname} has {ctyp}"
@@ -122,11 +123,12 @@ def test_structs_match_header():
 
 def test_abi_version_and_max_dims():
     d = _defines()
-    assert (LIB.ABI_MAJOR, LIB.ABI_MINOR) == (int(d["HALO_VERSION_MAJOR"]), int(d["HALO_VERSION_MINOR"]))
+    header = (int(d["HALO_VERSION_MAJOR"]), int(d["HALO_VERSION_MINOR"]))
+    assert (LIB.ABI_MAJOR, LIB.ABI_MINOR) == header, f"_lib.py ABI_MAJOR/MINOR differ from include/halo.h {header}"
     # The header states the ndim range only in prose, on the ndim member.
     m = re.search(r"\bndim;\s*/\*\*<\s*1 \.\. (\d+)\s*\*/", HEADER_TEXT)
     assert m, "include/halo.h: no '/**< 1 .. N */' on halo_plan_params_t.ndim"
-    assert LIB.MAX_DIMS == int(m[1])
+    assert LIB.MAX_DIMS == int(m[1]), f"_lib.py MAX_DIMS is {LIB.MAX_DIMS}, include/halo.h says ndim is 1 .. {m[1]}"
 
 
 def test_version_matches_header():
