@@ -30,6 +30,8 @@ from ._lib import (
 from .exchange import cp_halo_exchange, halo_exchange_
 from . import nn
 
+# include/halo.h's version (the source); pyproject.toml reads this line and
+# tests/python/test_abi.py checks it against the header.
 __version__ = "0.1.0"
 
 __all__ = [

@@ -11,7 +11,9 @@ import os
 import threading
 from pathlib import Path
 
-# The ABI this module was written against: include/halo.h 0.1.
+# The ABI this module was written against: include/halo.h 0.1. These values
+# and the structs below are copies of the header; tests/python/test_abi.py
+# checks them against it.
 ABI_MAJOR, ABI_MINOR = 0, 1
 
 # halo_result_t
@@ -30,18 +32,26 @@ ERR_INTERNAL = 10
 # halo_dtype_t
 FLOAT32, FLOAT64, FLOAT16, BFLOAT16 = 0, 1, 2, 3
 
+# halo_padding_t
+PAD_ZEROS = 0
+
 # halo_bootstrap_t
 BOOTSTRAP_RENDEZVOUS, BOOTSTRAP_EXTERNAL = 0, 1
 
 # halo_comm_params_t.field_mask
 COMM_PARAM_BOOTSTRAP = 1 << 0
+COMM_PARAM_RENDEZVOUS = 1 << 1
+COMM_PARAM_TOKEN = 1 << 2
+COMM_PARAM_JOB_ID = 1 << 3
 COMM_PARAM_TIMEOUT = 1 << 4
+COMM_PARAM_BOOTSTRAP_TIMEOUT = 1 << 5
 
 # halo_plan_params_t.field_mask
 PLAN_PARAM_X_STRIDES = 1 << 0
 PLAN_PARAM_OUT_STRIDES = 1 << 1
 PLAN_PARAM_GRAD_OUT_STRIDES = 1 << 2
 PLAN_PARAM_GRAD_X_STRIDES = 1 << 3
+PLAN_PARAM_PADDING = 1 << 4
 
 MAX_DIMS = 8
 

@@ -1,0 +1,42 @@
+package main
+
+/*
+#include "halo.h"
+*/
+import "C"
+
+import (
+	"fmt"
+
+	"github.com/halo-cp/halo/comm"
+	"github.com/halo-cp/halo/halo"
+)
+
+// abiMismatches lists the constants of include/halo.h whose Go copies differ
+// from the header. The Go packages cannot include the header (halo and comm
+// are pure Go), so capi, which sees both, is where they are compared; result
+// codes and field-mask bits have no Go copies (capi uses C.HALO_* directly).
+func abiMismatches() []string {
+	ints := []struct {
+		name         string
+		header, inGo int64
+	}{
+		{"HALO_FLOAT32", C.HALO_FLOAT32, int64(halo.Float32)},
+		{"HALO_FLOAT64", C.HALO_FLOAT64, int64(halo.Float64)},
+		{"HALO_FLOAT16", C.HALO_FLOAT16, int64(halo.Float16)},
+		{"HALO_BFLOAT16", C.HALO_BFLOAT16, int64(halo.BFloat16)},
+		{"HALO_PAD_ZEROS", C.HALO_PAD_ZEROS, int64(halo.PadZeros)},
+		{"HALO_BOOTSTRAP_RENDEZVOUS", C.HALO_BOOTSTRAP_RENDEZVOUS, int64(comm.BootstrapRendezvous)},
+		{"HALO_BOOTSTRAP_EXTERNAL", C.HALO_BOOTSTRAP_EXTERNAL, int64(comm.BootstrapExternal)},
+	}
+	var bad []string
+	for _, k := range ints {
+		if k.header != k.inGo {
+			bad = append(bad, fmt.Sprintf("%s is %d in include/halo.h but %d in Go", k.name, k.header, k.inGo))
+		}
+	}
+	if C.HALO_VERSION_STRING != halo.Version {
+		bad = append(bad, fmt.Sprintf("HALO_VERSION_STRING is %q in include/halo.h but halo.Version is %q", C.HALO_VERSION_STRING, halo.Version))
+	}
+	return bad
+}

@@ -1,0 +1,151 @@
+"""halocp's copies of include/halo.h (constants, structs, version) against
+the header itself. Needs neither libhalo.so nor torch:
+
+    python3 -m pytest -p no:cacheprovider -q tests/python/test_abi.py
+"""
+
+from __future__ import annotations
+
+import ast
+import ctypes
+import importlib.util
+import re
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+HEADER_TEXT = (REPO / "include" / "halo.h").read_text()
+# Comments hold prose like "1 .. 8" and "e.g."; the declarations are parsed without them.
+HEADER = re.sub(r"/\*.*?\*/|//[^\n]*", "", HEADER_TEXT, flags=re.S)
+
+
+def _load_lib():
+    # _lib.py alone, not the package: halocp/__init__ imports torch.
+    spec = importlib.util.spec_from_file_location("halocp_lib_copy", REPO / "python" / "halocp" / "_lib.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+LIB = _load_lib()
+
+
+def _defines() -> dict[str, str]:
+    found = dict(re.findall(r"^#define (HALO_\w+) +(.+?)\s*$", HEADER, flags=re.M))
+    assert "HALO_VERSION_MAJOR" in found, "found no #define HALO_VERSION_* in include/halo.h"
+    return found
+
+
+def _value(name: str, expr: str) -> int:
+    m = re.fullmatch(r"(\d+)u?(?:\s*<<\s*(\d+))?", expr.strip())
+    if not m:
+        raise AssertionError(f"include/halo.h: {name} = {expr!r}: not N or N << M, teach test_abi.py")
+    return int(m[1]) << int(m[2] or 0)
+
+
+def _enums() -> tuple[dict[str, int], set[str]]:
+    """Every enum constant of the header, and the typedef names of the enums."""
+    bodies = re.findall(r"\benum(?:\s+\w+)?\s*\{(.*?)\}\s*(\w*)\s*;", HEADER, flags=re.S)
+    assert len(bodies) == len(re.findall(r"\benum\b", HEADER)) >= 6, "include/halo.h: cannot parse every enum"
+    constants, types = {}, set()
+    for body, typedef in bodies:
+        entries = [e.strip() for e in body.split(",")]
+        assert entries and all(entries), f"include/halo.h: empty entry in enum {typedef or body!r}"
+        for e in entries:
+            name, eq, expr = e.partition("=")
+            name = name.strip()
+            assert eq and re.fullmatch(r"HALO_\w+", name), f"include/halo.h: enum entry {e!r} has no explicit value"
+            constants[name] = _value(name, expr)
+        if typedef:
+            types.add(typedef)
+    return constants, types
+
+
+def _structs() -> dict[str, list[tuple[str, str]]]:
+    """The members (type, name) of each typedef'd struct with a body."""
+    found = {}
+    for body, typedef in re.findall(r"typedef struct \w+\s*\{(.*?)\}\s*(\w+)\s*;", HEADER, flags=re.S):
+        members = []
+        for decl in filter(None, (d.strip() for d in body.split(";"))):
+            m = re.fullmatch(r"(.+?)\s*\b(\w+)", " ".join(decl.split()))
+            assert m, f"include/halo.h: cannot parse member {decl!r} of {typedef}"
+            members.append((m[1].replace(" *", "*"), m[2]))
+        found[typedef] = members
+    assert {"halo_comm_params_t", "halo_plan_params_t"} <= found.keys(), "include/halo.h: parameter structs not found"
+    return found
+
+
+def test_constants_match_header():
+    """Every enum constant of the header, under its name less HALO_, has the header's value."""
+    constants, _ = _enums()
+    for name in ("HALO_SUCCESS", "HALO_ERR_INTERNAL", "HALO_FLOAT32", "HALO_PAD_ZEROS", "HALO_BOOTSTRAP_EXTERNAL",
+                 "HALO_COMM_PARAM_TIMEOUT", "HALO_PLAN_PARAM_PADDING"):
+        assert name in constants, f"the parser missed {name} in include/halo.h"
+    wrong = []
+    for name, value in constants.items():
+        py = name.removeprefix("HALO_")
+        if not hasattr(LIB, py):
+            wrong.append(f"{name} = {value}: _lib.py has no {py}")
+        elif getattr(LIB, py) != value:
+            wrong.append(f"{name} = {value}: _lib.py has {py} = {getattr(LIB, py)}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_no_stale_constants():
+    """_lib.py has no result code, dtype, padding, bootstrap or mask bit that the header lacks."""
+    constants, _ = _enums()
+    pattern = r"SUCCESS|ERR_\w+|(?:B?FLOAT\d+)|PAD_\w+|BOOTSTRAP_\w+|COMM_PARAM_\w+|PLAN_PARAM_\w+"
+    stale = [n for n in vars(LIB) if re.fullmatch(pattern, n) and "HALO_" + n not in constants]
+    assert not stale, f"_lib.py names constants include/halo.h lacks: {stale}"
+
+
+def test_structs_match_header():
+    """CommParams and PlanParams have the header's fields, in its order, with matching types."""
+    _, enum_types = _enums()
+    ctype = {
+        "uint64_t": ctypes.c_uint64,
+        "int32_t": ctypes.c_int32,
+        "int64_t": ctypes.c_int64,
+        "const char*": ctypes.c_char_p,
+        "const int64_t*": ctypes.POINTER(ctypes.c_int64),
+        **{t: ctypes.c_int for t in enum_types},  # C enums here are int-sized
+    }
+    structs = _structs()
+    for cname, py in (("halo_comm_params_t", LIB.CommParams), ("halo_plan_params_t", LIB.PlanParams)):
+        members = structs[cname]
+        names, want = [f[0] for f in py._fields_], [n for _, n in members]
+        assert names == want, f"{py.__name__} fields {names} differ from {cname} {want}"
+        for (ctyp, name), (_, pytyp) in zip(members, py._fields_):
+            assert ctyp in ctype, f"{cname}.{name}: type {ctyp!r} unknown to test_abi.py"
+            assert pytyp is ctype[ctyp], f"{py.__name__}.{name} is {pytyp.__name__}, {cname} has {ctyp}"
+
+
+def test_abi_version_and_max_dims():
+    d = _defines()
+    header = (int(d["HALO_VERSION_MAJOR"]), int(d["HALO_VERSION_MINOR"]))
+    assert (LIB.ABI_MAJOR, LIB.ABI_MINOR) == header, f"_lib.py ABI_MAJOR/MINOR differ from include/halo.h {header}"
+    # The header states the ndim range only in prose, on the ndim member.
+    m = re.search(r"\bndim;\s*/\*\*<\s*1 \.\. (\d+)\s*\*/", HEADER_TEXT)
+    assert m, "include/halo.h: no '/**< 1 .. N */' on halo_plan_params_t.ndim"
+    assert LIB.MAX_DIMS == int(m[1]), f"_lib.py MAX_DIMS is {LIB.MAX_DIMS}, include/halo.h says ndim is 1 .. {m[1]}"
+
+
+def test_version_matches_header():
+    """halocp.__version__ (which pyproject.toml reads) is the header's version."""
+    d = _defines()
+    want = "{}.{}.{}".format(d["HALO_VERSION_MAJOR"], d["HALO_VERSION_MINOR"], d["HALO_VERSION_PATCH"])
+    assert d["HALO_VERSION_STRING"] == f'"{want}"', "include/halo.h: HALO_VERSION_STRING disagrees with its parts"
+    # Read, not imported: the package imports torch.
+    tree = ast.parse((REPO / "python" / "halocp" / "__init__.py").read_text())
+    found = [ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign)
+             and any(isinstance(t, ast.Name) and t.id == "__version__" for t in n.targets)]
+    assert found == [want], f"halocp.__version__ is {found}, include/halo.h says {want}"
+
+
+def test_pyproject_version_is_dynamic():
+    """pyproject.toml types no version of its own."""
+    tomllib = pytest.importorskip("tomllib")
+    p = tomllib.loads((REPO / "python" / "pyproject.toml").read_text())
+    assert "version" not in p["project"] and "version" in p["project"].get("dynamic", [])
+    assert p["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "halocp.__version__"}
