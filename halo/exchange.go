@@ -21,6 +21,7 @@ func (p *Plan) build() error {
 
 	// Forward: source x (base 0) -> destination out (base 1).
 	f := &p.fwd
+	f.what, f.srcName, f.dstName = "forward", "x", "out"
 	f.srcExt, _ = extent(s.Shape, s.XStrides, p.elem)
 	f.dstExt, _ = extent(outShape, s.OutStrides, p.elem)
 	var fops []transport.Op
@@ -62,6 +63,7 @@ func (p *Plan) build() error {
 	// only turns -0 into +0 and quiets NaNs), so that pass runs while the
 	// wire works.
 	b := &p.bwd
+	b.what, b.srcName, b.dstName, b.srcPadded = "backward", "grad_out", "grad_x", true
 	b.srcExt, _ = extent(outShape, s.GradOutStrides, p.elem)
 	b.dstExt, _ = extent(s.Shape, s.GradXStrides, p.elem)
 	var bops []transport.Op
@@ -191,73 +193,102 @@ func (p *Plan) recvOp(s *schedule, shape, strides []int64, lo, hi int64, peer in
 // Forward fills out = [left halo | x | right halo] along dim. x may be the
 // interior of out (same strides, at slice Left): then it is not copied.
 func (p *Plan) Forward(x, out unsafe.Pointer) error {
-	return p.run(&p.fwd, x, out, "forward", "x", "out", false)
+	if err := p.start(&p.fwd, x, out); err != nil {
+		return err
+	}
+	return p.finish(&p.fwd)
 }
 
 // Backward computes grad_x = interior of grad_out + the gradients of x's
 // slices that other ranks used as halo. grad_x may be the interior of
 // grad_out (same strides, at slice Left).
 func (p *Plan) Backward(gradOut, gradX unsafe.Pointer) error {
-	return p.run(&p.bwd, gradOut, gradX, "backward", "grad_out", "grad_x", true)
+	if err := p.start(&p.bwd, gradOut, gradX); err != nil {
+		return err
+	}
+	return p.finish(&p.bwd)
 }
 
-func (p *Plan) run(s *schedule, src, dst unsafe.Pointer, what, srcName, dstName string, srcPadded bool) error {
+// start begins one direction: it checks the pointers, packs the outgoing
+// slabs, posts every message, and then does the local work that needs
+// nothing from the wire (padding, the interior, the edge ranks' +0) while
+// the messages travel. finish completes it. Between the two the caller's
+// tensors belong to the exchange.
+func (p *Plan) start(s *schedule, src, dst unsafe.Pointer) error {
 	me := p.g.Rank()
 	if p.closed {
-		return fmt.Errorf("rank %d: %s on plan %d: %w", me, what, p.id, ErrClosed)
+		return fmt.Errorf("rank %d: %s on plan %d: %w", me, s.what, p.id, ErrClosed)
+	}
+	if s.inFlight {
+		return fmt.Errorf("%w: rank %d: %s of plan %d is already in flight", ErrState, me, s.what, p.id)
 	}
 	if err := p.g.usable(); err != nil {
 		return err
 	}
 	if (src == nil && s.srcExt > 0) || (dst == nil && s.dstExt > 0) {
-		name := srcName
+		name := s.srcName
 		if src != nil {
-			name = dstName
+			name = s.dstName
 		}
-		return fmt.Errorf("%w: rank %d: %s of plan %d: %s is NULL", ErrInvalid, me, what, p.id, name)
+		return fmt.Errorf("%w: rank %d: %s of plan %d: %s is NULL", ErrInvalid, me, s.what, p.id, name)
 	}
-	aliased, err := p.aliasing(s, src, dst, srcPadded, srcName, dstName)
+	aliased, err := p.aliasing(s, src, dst)
 	if err != nil {
-		return fmt.Errorf("%w: rank %d: %s of plan %d: %v", ErrInvalid, me, what, p.id, err)
+		return fmt.Errorf("%w: rank %d: %s of plan %d: %v", ErrInvalid, me, s.what, p.id, err)
 	}
+	x, dt := p.g.exec, p.spec.DType
 	for i := range s.pack {
-		copyRuns(&s.pack[i].w, p.elem, stagingPtr(s, s.pack[i].buf), src)
+		x.copy(&s.pack[i].w, p.elem, stagingPtr(s, s.pack[i].buf), src)
 	}
 	if s.batch != nil {
 		s.bases[0], s.bases[1] = uintptr(src), uintptr(dst)
 		if err := s.batch.Post(s.bases); err != nil {
-			return p.g.fail(fmt.Errorf("rank %d: %s of plan %d: %w", me, what, p.id, err))
+			return p.g.fail(fmt.Errorf("rank %d: %s of plan %d: %w", me, s.what, p.id, err))
 		}
 	}
 	for i := range s.zero {
-		zeroRuns(&s.zero[i], p.elem, dst)
+		x.zero(&s.zero[i], p.elem, dst)
 	}
 	if !aliased {
-		copyRuns(&s.interior, p.elem, dst, src)
+		x.copy(&s.interior, p.elem, dst, src)
 	}
 	for i := range s.addZero {
-		addZeroRuns(&s.addZero[i], p.spec.DType, dst)
+		x.addZero(&s.addZero[i], dt, dst)
 	}
+	s.dst, s.inFlight = dst, true
+	return nil
+}
+
+// finish waits for the messages of the direction start began, then unpacks
+// and adds what arrived, in the order of the output.
+func (p *Plan) finish(s *schedule) error {
+	me := p.g.Rank()
+	if !s.inFlight {
+		return fmt.Errorf("%w: rank %d: %s of plan %d was not started", ErrState, me, s.what, p.id)
+	}
+	dst := s.dst
+	s.dst, s.inFlight = nil, false
 	if s.batch != nil {
 		if err := s.batch.Wait(time.Now().Add(p.g.opts.Timeout)); err != nil {
-			return p.g.fail(fmt.Errorf("rank %d: %s of plan %d: %w", me, what, p.id, err))
+			return p.g.fail(fmt.Errorf("rank %d: %s of plan %d: %w", me, s.what, p.id, err))
 		}
 	}
+	x, dt := p.g.exec, p.spec.DType
 	for i := range s.unpack {
-		copyRuns(&s.unpack[i].w, p.elem, dst, stagingPtr(s, s.unpack[i].buf))
+		x.copy(&s.unpack[i].w, p.elem, dst, stagingPtr(s, s.unpack[i].buf))
 	}
 	for i := range s.add {
-		addRuns(&s.add[i].w, p.spec.DType, dst, stagingPtr(s, s.add[i].buf))
+		x.add(&s.add[i].w, dt, dst, stagingPtr(s, s.add[i].buf))
 	}
 	return nil
 }
 
 // aliasing tells whether the unpadded tensor is exactly the interior of the
 // padded one, and refuses any other overlap (it would be silent garbage).
-func (p *Plan) aliasing(s *schedule, src, dst unsafe.Pointer, srcPadded bool, srcName, dstName string) (bool, error) {
+func (p *Plan) aliasing(s *schedule, src, dst unsafe.Pointer) (bool, error) {
 	padded, inner, padExt, innerExt := uintptr(dst), uintptr(src), s.dstExt, s.srcExt
-	paddedName, innerName := dstName, srcName
-	if srcPadded {
+	paddedName, innerName := s.dstName, s.srcName
+	if s.srcPadded {
 		padded, inner, padExt, innerExt = inner, padded, innerExt, padExt
 		paddedName, innerName = innerName, paddedName
 	}

@@ -43,6 +43,7 @@ const (
 // rank. A Group and its plans are used by one goroutine at a time.
 type Group struct {
 	t        transport.Transport
+	exec     executor
 	opts     GroupOptions
 	nextPlan uint32
 	mu       sync.Mutex // guards failed, which a Close on another thread may read
@@ -66,7 +67,7 @@ func NewGroup(t transport.Transport, opts GroupOptions) (*Group, error) {
 	if opts.IOVMaxSegments <= 0 {
 		opts.IOVMaxSegments = defaultIOVMaxSegments
 	}
-	return &Group{t: t, opts: opts, nextPlan: 1}, nil
+	return &Group{t: t, exec: cpu{}, opts: opts, nextPlan: 1}, nil
 }
 
 func (g *Group) Rank() int { return g.t.Rank() }

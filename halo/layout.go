@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"math"
 	"math/bits"
-	"unsafe"
 
 	"github.com/halo-cp/halo/halo/transport"
 )
@@ -226,46 +225,4 @@ func (w *walk) segments(elem int) []transport.Segment {
 		segs = append(segs, transport.Segment{Off: o, Len: n})
 	})
 	return segs
-}
-
-// largeCopy is the size of a whole copy from which stores bypass the
-// cache: 8 MiB copies at 32-42 GB/s instead of 19-23 GB/s (go test -bench
-// Copy ./halo/). Below it the destination is likely read again soon.
-const largeCopy = 4 << 20
-
-// copyRuns copies a two-operand walk: operand 0 is the destination.
-func copyRuns(w *walk, elem int, dst, src unsafe.Pointer) {
-	n := int(w.run) * elem
-	cp := func(d, s []byte) { copy(d, s) }
-	if w.runs()*int64(n) >= largeCopy {
-		cp = copyLarge
-	}
-	w.each(func(off []int64) {
-		cp(unsafe.Slice((*byte)(unsafe.Add(dst, off[0]*int64(elem))), n),
-			unsafe.Slice((*byte)(unsafe.Add(src, off[1]*int64(elem))), n))
-	})
-}
-
-// zeroRuns clears a one-operand walk.
-func zeroRuns(w *walk, elem int, dst unsafe.Pointer) {
-	n := int(w.run) * elem
-	w.each(func(off []int64) {
-		clear(unsafe.Slice((*byte)(unsafe.Add(dst, off[0]*int64(elem))), n))
-	})
-}
-
-// addRuns adds operand 1 into operand 0, elementwise in dtype d.
-func addRuns(w *walk, d DType, dst, src unsafe.Pointer) {
-	elem := int64(d.Size())
-	w.each(func(off []int64) {
-		addInto(d, unsafe.Add(dst, off[0]*elem), unsafe.Add(src, off[1]*elem), int(w.run))
-	})
-}
-
-// addZeroRuns adds +0 to a one-operand walk (see addZero).
-func addZeroRuns(w *walk, d DType, dst unsafe.Pointer) {
-	elem := int64(d.Size())
-	w.each(func(off []int64) {
-		addZero(d, unsafe.Add(dst, off[0]*elem), int(w.run))
-	})
 }

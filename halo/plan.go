@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 	"time"
+	"unsafe"
 
 	"github.com/halo-cp/halo/halo/transport"
 )
@@ -67,6 +68,12 @@ type schedule struct {
 	alias    int64    // byte offset of the unpadded tensor in the padded one when they alias; -1: never
 	srcExt   int64    // byte extents, for the overlap check
 	dstExt   int64
+
+	what, srcName, dstName string // for messages: "forward", "x", "out"
+	srcPadded              bool   // the source is the padded tensor (backward)
+
+	inFlight bool           // between start and finish
+	dst      unsafe.Pointer // the destination of the exchange in flight
 }
 
 type staged struct {

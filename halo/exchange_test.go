@@ -1,0 +1,58 @@
+package halo
+
+import (
+	"errors"
+	"slices"
+	"testing"
+
+	"github.com/halo-cp/halo/halo/transport"
+)
+
+// solo is the transport of a group of one rank, which sends nothing.
+type solo struct{}
+
+func (solo) Rank() int { return 0 }
+func (solo) Size() int { return 1 }
+func (solo) Prepare(ops []transport.Op) (transport.Batch, error) {
+	return nil, errors.New("a group of one prepares no messages")
+}
+func (solo) Alloc(n int) (transport.Buffer, error) {
+	return nil, errors.New("a group of one allocates no staging")
+}
+
+// start and finish bracket one exchange per direction: a second start, or a
+// finish with nothing started, is a state error that leaves the plan usable.
+func TestStartFinishOrder(t *testing.T) {
+	g, err := NewGroup(solo{}, GroupOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := g.NewPlan(Spec{DType: Float32, Shape: []int64{3}, Dim: 0, Left: 1, Right: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	x, out := []float32{1, 2, 3}, make([]float32, 5)
+	if err := p.finish(&p.fwd); !errors.Is(err, ErrState) {
+		t.Fatalf("finish without start: %v", err)
+	}
+	if err := p.start(&p.fwd, PtrOf(x), PtrOf(out)); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.start(&p.fwd, PtrOf(x), PtrOf(out)); !errors.Is(err, ErrState) {
+		t.Fatalf("second start: %v", err)
+	}
+	// The other direction is independent.
+	gx := make([]float32, 3)
+	if err := p.Backward(PtrOf(out), PtrOf(gx)); err != nil {
+		t.Fatalf("backward while a forward is in flight: %v", err)
+	}
+	if err := p.finish(&p.fwd); err != nil {
+		t.Fatal(err)
+	}
+	if want := []float32{0, 1, 2, 3, 0}; !slices.Equal(out, want) {
+		t.Fatalf("out %v, want %v", out, want)
+	}
+	if err := p.Forward(PtrOf(x), PtrOf(out)); err != nil || g.Err() != nil {
+		t.Fatalf("forward after the misuse: %v (group: %v)", err, g.Err())
+	}
+}
