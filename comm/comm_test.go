@@ -5,12 +5,12 @@ import (
 	"fmt"
 	"net"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 	"unsafe"
 
 	"github.com/halo-cp/halo/halo"
+	"github.com/halo-cp/halo/halo/halotest"
 	"github.com/halo-cp/halo/ucx"
 )
 
@@ -28,48 +28,39 @@ func freeAddr(t *testing.T) string {
 func TestRendezvousAndExchange(t *testing.T) {
 	addr := freeAddr(t)
 	const W = 2
-	var wg sync.WaitGroup
-	errs := make([]error, W)
-	for r := 0; r < W; r++ {
-		wg.Add(1)
-		go func(r int) {
-			defer wg.Done()
-			errs[r] = func() error {
-				c, err := New(Config{Rank: r, Size: W, Rendezvous: addr, Job: "comm-test", Timeout: 10 * time.Second, BootstrapTimeout: 20 * time.Second})
-				if err != nil {
-					return err
-				}
-				defer c.Close()
-				p, err := c.NewPlan(halo.Spec{DType: halo.Float64, Shape: []int64{3}, Dim: 0, Left: 1, Right: 1})
-				if err != nil {
-					return err
-				}
-				defer p.Close()
-				buf, err := c.t.Alloc(8 * 8)
-				if err != nil {
-					return err
-				}
-				defer buf.Free()
-				v := unsafe.Slice((*float64)(unsafe.Pointer(unsafe.SliceData(buf.Bytes()))), 8)
-				x, out := v[:3], v[3:8]
-				for i := range x {
-					x[i] = float64(10*r + i)
-				}
-				if err := p.Forward(unsafe.Pointer(&x[0]), unsafe.Pointer(&out[0])); err != nil {
-					return err
-				}
-				want := []float64{0, 0, 1, 2, 10}
-				if r == 1 {
-					want = []float64{2, 10, 11, 12, 0}
-				}
-				if fmt.Sprint(out) != fmt.Sprint(want) {
-					return fmt.Errorf("rank %d: out %v, want %v", r, out, want)
-				}
-				return nil
-			}()
-		}(r)
-	}
-	wg.Wait()
+	errs := halotest.Ranks(W, func(r int) error {
+		c, err := New(Config{Rank: r, Size: W, Rendezvous: addr, Job: "comm-test", Timeout: 10 * time.Second, BootstrapTimeout: 20 * time.Second})
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		p, err := c.NewPlan(halo.Spec{DType: halo.Float64, Shape: []int64{3}, Dim: 0, Left: 1, Right: 1})
+		if err != nil {
+			return err
+		}
+		defer p.Close()
+		buf, err := c.t.Alloc(8 * 8)
+		if err != nil {
+			return err
+		}
+		defer buf.Free()
+		v := unsafe.Slice((*float64)(unsafe.Pointer(unsafe.SliceData(buf.Bytes()))), 8)
+		x, out := v[:3], v[3:8]
+		for i := range x {
+			x[i] = float64(10*r + i)
+		}
+		if err := p.Forward(unsafe.Pointer(&x[0]), unsafe.Pointer(&out[0])); err != nil {
+			return err
+		}
+		want := []float64{0, 0, 1, 2, 10}
+		if r == 1 {
+			want = []float64{2, 10, 11, 12, 0}
+		}
+		if fmt.Sprint(out) != fmt.Sprint(want) {
+			return fmt.Errorf("rank %d: out %v, want %v", r, out, want)
+		}
+		return nil
+	})
 	for r, err := range errs {
 		if err != nil {
 			t.Errorf("rank %d: %v", r, err)
