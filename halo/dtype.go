@@ -43,21 +43,6 @@ func (d DType) String() string {
 	return fmt.Sprintf("dtype(%d)", int32(d))
 }
 
-// ParseDType accepts the names people type: float32/f32/fp32, bf16, ...
-func ParseDType(s string) (DType, error) {
-	switch s {
-	case "float32", "f32", "fp32", "float":
-		return Float32, nil
-	case "float64", "f64", "fp64", "double":
-		return Float64, nil
-	case "float16", "f16", "fp16", "half":
-		return Float16, nil
-	case "bfloat16", "bf16":
-		return BFloat16, nil
-	}
-	return 0, fmt.Errorf("unknown dtype %q (want float32, float64, float16 or bfloat16)", s)
-}
-
 // addInto computes dst[i] = dst[i] + src[i] for n elements, rounding as
 // PyTorch's CPU add does: float16 and bfloat16 are widened to float32, added
 // in float32 and rounded to nearest-even, so results are bit-identical to

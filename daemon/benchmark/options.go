@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/halo-cp/halo/comm"
 	"github.com/halo-cp/halo/halo"
 )
 
@@ -136,16 +137,32 @@ func ParseShape(s string) ([]int64, error) {
 	return shape, nil
 }
 
-func parseTransfer(s string) (halo.Transfer, error) {
-	switch strings.ToLower(s) {
-	case "auto", "":
+// transfer reads o.Transfer as the library reads its setting; empty is
+// unset, and so auto.
+func (o *Options) transfer() (halo.Transfer, error) {
+	if o.Transfer == "" {
 		return halo.TransferAuto, nil
-	case "pack":
-		return halo.TransferPack, nil
-	case "iov":
-		return halo.TransferIOV, nil
 	}
-	return 0, fmt.Errorf("--transfer %q: want auto, pack or iov", s)
+	t, err := comm.ParseTransfer(o.Transfer)
+	if err != nil {
+		return 0, fmt.Errorf("--transfer %q: %v", o.Transfer, err)
+	}
+	return t, nil
+}
+
+// parseDType accepts the names people type: float32/f32/fp32, bf16, ...
+func parseDType(s string) (halo.DType, error) {
+	switch s {
+	case "float32", "f32", "fp32", "float":
+		return halo.Float32, nil
+	case "float64", "f64", "fp64", "double":
+		return halo.Float64, nil
+	case "float16", "f16", "fp16", "half":
+		return halo.Float16, nil
+	case "bfloat16", "bf16":
+		return halo.BFloat16, nil
+	}
+	return 0, fmt.Errorf("unknown dtype %q (want float32, float64, float16 or bfloat16)", s)
 }
 
 // ErrOptions marks a problem with the options (a usage error).
@@ -157,7 +174,7 @@ func optErr(format string, args ...any) error {
 
 // Validate checks the options and returns the cases they describe.
 func (o *Options) Validate() ([]Case, error) {
-	dt, err := halo.ParseDType(o.DType)
+	dt, err := parseDType(o.DType)
 	if err != nil {
 		return nil, optErr("--dtype: %v", err)
 	}
@@ -170,7 +187,7 @@ func (o *Options) Validate() ([]Case, error) {
 			return nil, optErr("unknown operation %q", op)
 		}
 	}
-	if _, err := parseTransfer(o.Transfer); err != nil {
+	if _, err := o.transfer(); err != nil {
 		return nil, optErr("%v", err)
 	}
 	switch {

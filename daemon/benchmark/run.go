@@ -40,8 +40,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
-	transfer, _ := parseTransfer(o.Transfer)
-	cfg.Comm.Transfer = transfer
+	cfg.Comm.Transfer, _ = o.transfer() // Validate checked it
 	rank := cfg.Comm.Rank
 	log := cfg.Log.With().Int("rank", rank).Logger()
 	started := time.Now()

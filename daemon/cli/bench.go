@@ -55,30 +55,30 @@ func benchFlags() []ucli.Flag {
 			Usage: "element type: float32, float64, float16 or bfloat16 (f32, f64, fp16, bf16)"},
 		&ucli.StringFlag{Name: "op", Aliases: []string{"o"}, Value: "both", EnvVars: []string{"HALO_BENCH_OP"},
 			Usage: "forward, backward, or both (each timed on its own, a row each)"},
-		&ucli.BoolFlag{Name: "in-place", Value: d.InPlace, EnvVars: []string{"HALO_BENCH_IN_PLACE"},
-			Usage: "x is the interior of out (no interior copy); --in-place=false times separate tensors"},
-		&ucli.StringFlag{Name: "transfer", Value: d.Transfer, EnvVars: []string{"HALO_TRANSFER"},
-			Usage: "how strided halos go on the wire: auto, pack (copy into a buffer) or iov (UCX IOV)"},
+		boolFlag{&ucli.BoolFlag{Name: "in-place", Value: d.InPlace, EnvVars: []string{"HALO_BENCH_IN_PLACE"},
+			Usage: "x is the interior of out (no interior copy); --in-place=false times separate tensors"}},
+		&ucli.GenericFlag{Name: "transfer", Value: ptr(transfer(d.Transfer)), EnvVars: []string{comm.SettingTransfer.Env},
+			Usage: comm.SettingTransfer.Means},
 		// Timing.
 		&ucli.IntFlag{Name: "warmup", Aliases: []string{"w"}, Value: d.Warmup, EnvVars: []string{"HALO_BENCH_WARMUP"},
 			Usage: "untimed iterations before each op at each size"},
 		&ucli.IntFlag{Name: "iters", Aliases: []string{"n"}, Value: d.Iters, EnvVars: []string{"HALO_BENCH_ITERS"},
 			Usage: "timed iterations per size; 0: as many as fit in --duration"},
-		&ucli.DurationFlag{Name: "duration", Value: d.Duration, EnvVars: []string{"HALO_BENCH_DURATION"},
+		&ucli.GenericFlag{Name: "duration", Value: ptr(millis(d.Duration)), EnvVars: []string{"HALO_BENCH_DURATION"},
 			Usage: "time budget for each op at each size, when --iters is 0"},
 		&ucli.IntFlag{Name: "min-iters", Value: d.MinIters, EnvVars: []string{"HALO_BENCH_MIN_ITERS"},
 			Usage: "fewest timed iterations per size under --duration"},
 		&ucli.IntFlag{Name: "max-iters", Value: d.MaxIters, EnvVars: []string{"HALO_BENCH_MAX_ITERS"},
 			Usage: "most timed iterations per size under --duration"},
-		&ucli.BoolFlag{Name: "check", Aliases: []string{"c"}, EnvVars: []string{"HALO_BENCH_CHECK"},
-			Usage: "verify every iteration's data on every rank (#wrong; exit status 3 if any is wrong)"},
+		boolFlag{&ucli.BoolFlag{Name: "check", Aliases: []string{"c"}, EnvVars: []string{"HALO_BENCH_CHECK"},
+			Usage: "verify every iteration's data on every rank (#wrong; exit status 3 if any is wrong)"}},
 		// Output.
 		&ucli.StringFlag{Name: "json", EnvVars: []string{"HALO_BENCH_JSON"},
 			Usage: "write every row, and how the run was made, to `FILE` as JSON"},
 		&ucli.StringFlag{Name: "plot", EnvVars: []string{"HALO_BENCH_PLOT"},
 			Usage: "draw bandwidth and latency against size into `FILE` (.png, .svg or .pdf)"},
-		&ucli.BoolFlag{Name: "compare-perftest", EnvVars: []string{"HALO_BENCH_COMPARE_PERFTEST"},
-			Usage: "also run ucx_perftest tag_lat and tag_bw at the same sizes, and show it beside ours with the ratio"},
+		boolFlag{&ucli.BoolFlag{Name: "compare-perftest", EnvVars: []string{"HALO_BENCH_COMPARE_PERFTEST"},
+			Usage: "also run ucx_perftest tag_lat and tag_bw at the same sizes, and show it beside ours with the ratio"}},
 		&ucli.StringFlag{Name: "perftest-path", Value: "ucx_perftest", EnvVars: []string{"HALO_BENCH_PERFTEST_PATH"},
 			Usage: "the ucx_perftest program"},
 		&ucli.StringFlag{Name: "progress", Value: d.Progress, EnvVars: []string{"HALO_BENCH_PROGRESS"},
@@ -88,19 +88,19 @@ func benchFlags() []ucli.Flag {
 			Usage: "this process's rank, when no launcher sets RANK, OMPI_COMM_WORLD_RANK or SLURM_PROCID"},
 		&ucli.IntFlag{Name: "world-size", EnvVars: []string{"HALO_WORLD_SIZE"},
 			Usage: "the number of ranks, with --rank"},
-		&ucli.StringFlag{Name: "rendezvous", EnvVars: []string{"HALO_RENDEZVOUS"},
+		&ucli.StringFlag{Name: "rendezvous", EnvVars: []string{comm.SettingRendezvous.Env},
 			Usage: "host:port where the ranks meet: rank 0's host (it listens there), or a halod serve with --external-rendezvous (default " + comm.DefaultRendezvous + " on one host)"},
-		&ucli.BoolFlag{Name: "external-rendezvous", EnvVars: []string{"HALO_RENDEZVOUS_EXTERNAL"},
-			Usage: "the rendezvous is a shared halod serve, rank 0 does not host one"},
-		&ucli.StringFlag{Name: "token", EnvVars: []string{"HALO_TOKEN"},
+		boolFlag{&ucli.BoolFlag{Name: "external-rendezvous", EnvVars: []string{comm.SettingRendezvousExternal.Env},
+			Usage: comm.SettingRendezvousExternal.Means}},
+		&ucli.StringFlag{Name: "token", EnvVars: []string{comm.SettingToken.Env},
 			Usage: "the rendezvous's shared secret (needed off loopback; prefer the variable)"},
-		&ucli.StringFlag{Name: "job-id", EnvVars: []string{"HALO_JOB_ID"},
+		&ucli.StringFlag{Name: "job-id", EnvVars: []string{comm.SettingJobID.Env},
 			Usage: "the job's name on the rendezvous (default: the launcher's job id, else halo-bench)"},
-		&ucli.StringFlag{Name: "attempt", EnvVars: []string{"HALO_JOB_ATTEMPT"},
+		&ucli.StringFlag{Name: "attempt", EnvVars: []string{comm.SettingJobAttempt.Env},
 			Usage: "the attempt of a restarted job (default: the launcher's restart count)"},
-		&ucli.GenericFlag{Name: "timeout", Value: ptr(millis(60 * time.Second)), EnvVars: []string{"HALO_TIMEOUT_MS"},
+		&ucli.GenericFlag{Name: "timeout", Value: settingMillis(comm.SettingTimeout), EnvVars: []string{comm.SettingTimeout.Env},
 			Usage: "deadline of every exchange: a rank that waits longer fails and names the peers it waited for (5s, or milliseconds)"},
-		&ucli.GenericFlag{Name: "bootstrap-timeout", Value: ptr(millis(60 * time.Second)), EnvVars: []string{"HALO_BOOTSTRAP_TIMEOUT_MS"},
+		&ucli.GenericFlag{Name: "bootstrap-timeout", Value: settingMillis(comm.SettingBootstrapTimeout), EnvVars: []string{comm.SettingBootstrapTimeout.Env},
 			Usage: "deadline for every rank to arrive at the rendezvous (5s, or milliseconds)"},
 	}
 }
@@ -155,9 +155,9 @@ func benchOptions(c *ucli.Context) (benchmark.Options, error) {
 		return o, usagef(c, "%v", err)
 	}
 	o.InPlace = c.Bool("in-place")
-	o.Transfer = c.String("transfer")
+	o.Transfer = c.Generic("transfer").(*transfer).String()
 	o.Warmup, o.Iters = c.Int("warmup"), c.Int("iters")
-	o.Duration = c.Duration("duration")
+	o.Duration = duration(c, "duration")
 	o.MinIters, o.MaxIters = c.Int("min-iters"), c.Int("max-iters")
 	o.Check = c.Bool("check")
 	o.JSONPath, o.PlotPath = c.String("json"), c.String("plot")
@@ -172,7 +172,7 @@ func benchOptions(c *ucli.Context) (benchmark.Options, error) {
 }
 
 // rankConfig is what a --local rank receives from the halod bench that
-// started it (the token travels separately, in HALO_TOKEN).
+// started it (the token travels separately, in comm.SettingToken's variable).
 type rankConfig struct {
 	Rank             int               `json:"rank"`
 	Size             int               `json:"size"`
@@ -197,11 +197,8 @@ func bench(c *ucli.Context) error {
 	if err != nil {
 		return err
 	}
-	timeout := time.Duration(*c.Generic("timeout").(*millis))
-	boot := time.Duration(*c.Generic("bootstrap-timeout").(*millis))
-	if timeout <= 0 || boot <= 0 {
-		return usagef(c, "--timeout and --bootstrap-timeout must be positive")
-	}
+	// Positive and bounded: millis reads them with the library's parser.
+	timeout, boot := duration(c, "timeout"), duration(c, "bootstrap-timeout")
 	bind := strings.ToLower(c.String("bind"))
 	if bind != "auto" && bind != "cpu" && bind != "none" {
 		return usagef(c, "--bind %q: want cpu, none or auto", c.String("bind"))
@@ -253,7 +250,8 @@ func bench(c *ucli.Context) error {
 			_, port, _ := net.SplitHostPort(comm.DefaultRendezvous)
 			cfg.Rendezvous = net.JoinHostPort(place.MasterAddr, port)
 		default:
-			return usagef(c, "the ranks run on several hosts: set --rendezvous (HALO_RENDEZVOUS) to host:port on rank 0's host, and a --token (HALO_TOKEN)")
+			return usagef(c, "the ranks run on several hosts: set --rendezvous (%s) to host:port on rank 0's host, and a --token (%s)",
+				comm.SettingRendezvous.Env, comm.SettingToken.Env)
 		}
 	}
 	if o.ComparePerftest && cfg.Rank == 0 && !place.SingleHost() && place.Size > 1 {
@@ -391,14 +389,14 @@ func benchLocal(c *ucli.Context, log zerolog.Logger, o benchmark.Options, n int,
 		LogLevel: flagString(c, "log-level"), LogFormat: flagString(c, "log-format"), Options: o}
 	base := make([]string, 0, len(os.Environ())+2)
 	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "HALO_TOKEN=") && !strings.HasPrefix(kv, benchRankEnv+"=") {
+		if !strings.HasPrefix(kv, comm.SettingToken.Env+"=") && !strings.HasPrefix(kv, benchRankEnv+"=") {
 			base = append(base, kv)
 		}
 	}
-	if _, set := os.LookupEnv("HALO_SPIN_POLLS"); oversubscribed && !set {
+	if os.Getenv(comm.SettingSpinPolls.Env) == "" && oversubscribed {
 		// Ranks sharing CPUs must yield soon: 4 ranks on 2 CPUs, 2 KiB
 		// forward p50 1.6 ms with UCX's long spin, 96 us with 256 polls.
-		base = append(base, "HALO_SPIN_POLLS=256")
+		base = append(base, comm.SettingSpinPolls.Env+"=256")
 	}
 	run := &launch.Local{
 		N:    n,
@@ -408,7 +406,7 @@ func benchLocal(c *ucli.Context, log zerolog.Logger, o benchmark.Options, n int,
 			r := rc
 			r.Rank = rank
 			b, _ := json.Marshal(r)
-			return append(append([]string(nil), base...), "HALO_TOKEN="+token, benchRankEnv+"="+string(b))
+			return append(append([]string(nil), base...), comm.SettingToken.Env+"="+token, benchRankEnv+"="+string(b))
 		},
 		Stdout: c.App.Writer,
 		Stderr: c.App.ErrWriter,
@@ -457,7 +455,7 @@ func benchRankCommand() *ucli.Command {
 				}
 				log.Debug().Int("rank", rc.Rank).Int("cpu", cpus[rc.Rank]).Msg("bound to a CPU")
 			}
-			cfg := comm.Config{Rank: rc.Rank, Size: rc.Size, Rendezvous: rc.Rendezvous, Token: os.Getenv("HALO_TOKEN"),
+			cfg := comm.Config{Rank: rc.Rank, Size: rc.Size, Rendezvous: rc.Rendezvous, Token: os.Getenv(comm.SettingToken.Env),
 				Job: rc.Job, Attempt: strconv.Itoa(os.Getppid()), Timeout: rc.Timeout, BootstrapTimeout: rc.BootstrapTimeout, ExternalServer: true}
 			return runRank(c, log, cfg, rc.Options)
 		},

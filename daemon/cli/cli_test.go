@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/halo-cp/halo/comm"
 	ucli "github.com/urfave/cli/v2"
 )
 
@@ -95,6 +96,8 @@ func TestBadUsage(t *testing.T) {
 		{nil, []string{"bench", "--local", "2", "--json", "/dev/null/x.json"}, "--json /dev/null/x.json"},
 		{[]string{"HALO_BENCH_DTYPE=int3"}, []string{"bench", "--local", "2"}, "unknown dtype"},
 		{[]string{"HALO_BENCH_ITERS=many"}, []string{"bench", "--local", "2"}, "HALO_BENCH_ITERS"},
+		{[]string{"HALO_TIMEOUT_MS=abc"}, []string{"bench", "--local", "1"}, `"abc" from environment variable "HALO_TIMEOUT_MS"`},
+		{[]string{"HALO_BENCH_CHECK=maybe"}, []string{"bench", "--local", "2"}, `"maybe" from environment variable "HALO_BENCH_CHECK"`},
 		{[]string{"RANK=5", "WORLD_SIZE=2"}, []string{"bench"}, "out of range"},
 		{nil, []string{"serve", "--max-conns", "x"}, "max-conns"},
 		{[]string{"HALO_MAX_CONNS=x"}, []string{"serve", "--insecure"}, "HALO_MAX_CONNS"},
@@ -133,11 +136,12 @@ func TestVersion(t *testing.T) {
 
 func TestInfo(t *testing.T) {
 	t.Parallel()
-	r := halod(t, []string{"UCX_TLS=shm,self", "HALO_TOKEN=hunter2", "HALO_JOB_ID=j7"}, "info")
+	r := halod(t, []string{"UCX_TLS=shm,self", "HALO_TOKEN=hunter2", "HALO_JOB_ID=j7", "HALO_SPIN_POLLS=lots"}, "info")
 	if r.code != 0 {
 		t.Fatalf("exit %d: %s", r.code, r.stderr)
 	}
-	for _, want := range []string{"UCX      1.", "TRANSPORT", "self", "UCX_TLS", "shm,self", "UCX_NET_DEVICES", "HALO_RENDEZVOUS", "(unset)", "j7", "lane[", "Launcher: none"} {
+	for _, want := range []string{"UCX      1.", "TRANSPORT", "self", "UCX_TLS", "shm,self", "UCX_NET_DEVICES", "HALO_RENDEZVOUS", "(unset)", "j7", "lane[", "Launcher: none",
+		"HALO_TRANSFER", "(default " + comm.SettingTimeout.Default + ")", "lots (refused: not an integer)"} {
 		if !strings.Contains(r.stdout, want) {
 			t.Errorf("halod info lacks %q:\n%s", want, r.stdout)
 		}

@@ -23,7 +23,7 @@ func infoCommand() *ucli.Command {
 		Name:  "info",
 		Usage: "show halo's and UCX's versions, the transports and devices UCX sees, and the settings that change its choice",
 		Flags: []ucli.Flag{
-			&ucli.BoolFlag{Name: "json", EnvVars: []string{"HALO_INFO_JSON"}, Usage: "print JSON instead of text"},
+			boolFlag{&ucli.BoolFlag{Name: "json", EnvVars: []string{"HALO_INFO_JSON"}, Usage: "print JSON instead of text"}},
 		},
 		Action: info,
 	}
@@ -31,10 +31,14 @@ func infoCommand() *ucli.Command {
 
 // setting is an environment variable that changes what UCX or halo does.
 type setting struct {
-	Name  string `json:"name"`
-	Value string `json:"value,omitempty"`
-	Set   bool   `json:"set"`
-	Means string `json:"means,omitempty"`
+	Name    string `json:"name"`
+	Value   string `json:"value,omitempty"`
+	Set     bool   `json:"set"`
+	Default string `json:"default,omitempty"`
+	Means   string `json:"means,omitempty"`
+	// Invalid says why the library would refuse Value.
+	Invalid string             `json:"invalid,omitempty"`
+	check   func(string) error // nil: any value goes
 }
 
 var ucxSettings = []setting{
@@ -51,16 +55,13 @@ var ucxSettings = []setting{
 	{Name: "UCX_LOG_LEVEL", Means: "UCX's own logging"},
 }
 
-var haloSettings = []setting{
-	{Name: "HALO_RENDEZVOUS", Means: "where ranks meet: host:port of rank 0 or of halod serve (default " + comm.DefaultRendezvous + ")"},
-	{Name: "HALO_RENDEZVOUS_EXTERNAL", Means: "1: the rendezvous is a shared halod serve, rank 0 does not host one"},
-	{Name: "HALO_TOKEN", Means: "shared secret of the rendezvous (needed off loopback)"},
-	{Name: "HALO_JOB_ID", Means: "keeps jobs apart on a shared rendezvous (default \"halo\")"},
-	{Name: "HALO_JOB_ATTEMPT", Means: "a restarted job's new attempt, so it never sees the old addresses"},
-	{Name: "HALO_TIMEOUT_MS", Means: "deadline of every exchange wait (default 120000)"},
-	{Name: "HALO_BOOTSTRAP_TIMEOUT_MS", Means: "deadline of the rendezvous (default 60000)"},
-	{Name: "HALO_DETECT_PEER_FAILURE", Means: "1: UCX peer error handling, a dead peer fails in ~1 s (costs single-copy large messages)"},
-	{Name: "HALO_SPIN_POLLS", Means: "polls before a waiting rank yields its CPU (lower it when ranks outnumber CPUs)"},
+// haloSettings is the library's table (comm.Settings).
+func haloSettings() []setting {
+	out := make([]setting, len(comm.Settings))
+	for i, s := range comm.Settings {
+		out[i] = setting{Name: s.Env, Default: s.Default, Means: s.Means, check: s.Check}
+	}
+	return out
 }
 
 // lookupSettings fills in the values, then appends every other variable
@@ -70,6 +71,11 @@ func lookupSettings(known []setting, prefix string) []setting {
 	seen := map[string]bool{}
 	for _, s := range known {
 		s.Value, s.Set = os.LookupEnv(s.Name)
+		if s.Set && s.Value != "" && s.check != nil {
+			if err := s.check(s.Value); err != nil {
+				s.Invalid = err.Error()
+			}
+		}
 		seen[s.Name] = true
 		out = append(out, s)
 	}
@@ -155,7 +161,7 @@ func info(c *ucli.Context) error {
 		r.SelErr = err.Error()
 	}
 	r.UCXEnv = lookupSettings(ucxSettings, "UCX_")
-	r.HaloEnv = lookupSettings(haloSettings, "HALO_")
+	r.HaloEnv = lookupSettings(haloSettings(), "HALO_")
 	if p, ok, err := launch.Detect(os.Getenv); err != nil {
 		r.LaunchErr = err.Error()
 	} else if ok {
@@ -203,11 +209,17 @@ func printInfo(w io.Writer, r *infoReport) {
 		fmt.Fprintf(w, "\n%s\n", title)
 		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 		for _, s := range ss {
-			v := s.Value
+			v, means := s.Value, s.Means
 			if !s.Set {
 				v = "(unset)"
 			}
-			fmt.Fprintf(tw, "  %s\t%s\t%s\n", s.Name, v, s.Means)
+			if s.Invalid != "" {
+				v += " (refused: " + s.Invalid + ")"
+			}
+			if s.Default != "" {
+				means += " (default " + s.Default + ")"
+			}
+			fmt.Fprintf(tw, "  %s\t%s\t%s\n", s.Name, v, means)
 		}
 		tw.Flush()
 	}

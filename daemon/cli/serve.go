@@ -3,6 +3,7 @@ package cli
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"os/signal"
@@ -10,20 +11,25 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/halo-cp/halo/comm"
 	"github.com/halo-cp/halo/rendezvous"
 	ucli "github.com/urfave/cli/v2"
 )
+
+// tokenFileEnv names the file holding the token; the token itself is
+// comm.SettingToken's variable.
+const tokenFileEnv = "HALO_TOKEN_FILE"
 
 func serveFlags() []ucli.Flag {
 	return []ucli.Flag{
 		&ucli.StringFlag{Name: "listen", Value: rendezvous.DefaultAddr, EnvVars: []string{"HALO_LISTEN"},
 			Usage: "host:port to listen on; loopback unless you give another address (e.g. 0.0.0.0:29700 for every interface)"},
-		&ucli.StringFlag{Name: "token", EnvVars: []string{"HALO_TOKEN"},
+		&ucli.StringFlag{Name: "token", EnvVars: []string{comm.SettingToken.Env},
 			Usage: "shared secret every client must present (prefer --token-file or the variable: command lines are visible to other users)"},
-		&ucli.StringFlag{Name: "token-file", EnvVars: []string{"HALO_TOKEN_FILE"},
+		&ucli.StringFlag{Name: "token-file", EnvVars: []string{tokenFileEnv},
 			Usage: "read the token from this file (its first line)"},
-		&ucli.BoolFlag{Name: "insecure", EnvVars: []string{"HALO_INSECURE"},
-			Usage: "serve without a token; allowed on loopback addresses only"},
+		boolFlag{&ucli.BoolFlag{Name: "insecure", EnvVars: []string{"HALO_INSECURE"},
+			Usage: "serve without a token; allowed on loopback addresses only"}},
 		&ucli.GenericFlag{Name: "max-message-bytes", Value: ptr(byteSize(rendezvous.DefaultMaxMessageBytes)), EnvVars: []string{"HALO_MAX_MESSAGE_BYTES"},
 			Usage: "largest request a client may send (a put's key and value)"},
 		&ucli.IntFlag{Name: "max-keys-per-job", Value: rendezvous.DefaultMaxKeysPerJob, EnvVars: []string{"HALO_MAX_KEYS_PER_JOB"},
@@ -34,13 +40,13 @@ func serveFlags() []ucli.Flag {
 			Usage: "jobs (job id and attempt) held at once"},
 		&ucli.IntFlag{Name: "max-conns", Value: rendezvous.DefaultMaxConns, EnvVars: []string{"HALO_MAX_CONNS"},
 			Usage: "open connections; every waiting rank holds one, so at least the largest job's world size"},
-		&ucli.DurationFlag{Name: "idle-timeout", Value: rendezvous.DefaultIdleTimeout, EnvVars: []string{"HALO_IDLE_TIMEOUT"},
+		&ucli.GenericFlag{Name: "idle-timeout", Value: ptr(millis(rendezvous.DefaultIdleTimeout)), EnvVars: []string{"HALO_IDLE_TIMEOUT"},
 			Usage: "a client that takes longer than this to send a request is dropped"},
-		&ucli.DurationFlag{Name: "max-wait", Value: rendezvous.DefaultMaxWait, EnvVars: []string{"HALO_MAX_WAIT"},
+		&ucli.GenericFlag{Name: "max-wait", Value: ptr(millis(rendezvous.DefaultMaxWait)), EnvVars: []string{"HALO_MAX_WAIT"},
 			Usage: "longest a rank may wait for the others, whatever it asks"},
-		&ucli.DurationFlag{Name: "job-ttl", Value: rendezvous.DefaultJobTTL, EnvVars: []string{"HALO_JOB_TTL"},
+		&ucli.GenericFlag{Name: "job-ttl", Value: ptr(millis(rendezvous.DefaultJobTTL)), EnvVars: []string{"HALO_JOB_TTL"},
 			Usage: "how long a job nobody is connected to is kept"},
-		&ucli.DurationFlag{Name: "shutdown-timeout", Value: 10 * time.Second, EnvVars: []string{"HALO_SHUTDOWN_TIMEOUT"},
+		&ucli.GenericFlag{Name: "shutdown-timeout", Value: ptr(millis(10 * time.Second)), EnvVars: []string{"HALO_SHUTDOWN_TIMEOUT"},
 			Usage: "on SIGTERM or SIGINT, how long connections get to finish before they are closed"},
 	}
 }
@@ -51,14 +57,15 @@ func serveCommand() *ucli.Command {
 	return &ucli.Command{
 		Name:  "serve",
 		Usage: "run the rendezvous service that the ranks of many jobs find each other through",
-		UsageText: `halod serve --token-file /etc/halo/token --listen 0.0.0.0:29700
-HALO_TOKEN=secret halod serve                 (loopback, port 29700)
+		UsageText: fmt.Sprintf(`halod serve --token-file /etc/halo/token --listen 0.0.0.0:29700
+%[1]s=secret halod serve                 (loopback, port 29700)
 halod serve --insecure                        (no token, loopback only: for one machine)
 
-Ranks use it with HALO_RENDEZVOUS=host:29700 HALO_RENDEZVOUS_EXTERNAL=1 and the
-same HALO_TOKEN. Jobs are kept apart by HALO_JOB_ID; a restarted job must use
-a new HALO_JOB_ATTEMPT. SIGTERM or SIGINT shuts the service down gracefully.
-The protocol is described in docs/rendezvous.md.`,
+Ranks use it with %[2]s=host:29700 %[3]s=1 and the
+same %[1]s. Jobs are kept apart by %[4]s; a restarted job must use
+a new %[5]s. SIGTERM or SIGINT shuts the service down gracefully.
+The protocol is described in docs/rendezvous.md.`, comm.SettingToken.Env, comm.SettingRendezvous.Env,
+			comm.SettingRendezvousExternal.Env, comm.SettingJobID.Env, comm.SettingJobAttempt.Env),
 		Flags:  serveFlags(),
 		Action: serve,
 	}
@@ -70,7 +77,7 @@ func readToken(c *ucli.Context) (string, error) {
 		return token, nil
 	}
 	if token != "" {
-		return "", usagef(c, "give the token once: --token (HALO_TOKEN) or --token-file (HALO_TOKEN_FILE), not both")
+		return "", usagef(c, "give the token once: --token (%s) or --token-file (%s), not both", comm.SettingToken.Env, tokenFileEnv)
 	}
 	b, err := os.ReadFile(file)
 	if err != nil {
@@ -112,7 +119,7 @@ func serve(c *ucli.Context) error {
 	}
 	switch {
 	case token == "" && !c.Bool("insecure"):
-		return usagef(c, "refusing to start without a token: set --token-file, --token or HALO_TOKEN (every rank needs the same), or pass --insecure to serve this machine's loopback only")
+		return usagef(c, "refusing to start without a token: set --token-file, --token or %s (every rank needs the same), or pass --insecure to serve this machine's loopback only", comm.SettingToken.Env)
 	case token == "" && !loopbackHost(host):
 		return usagef(c, "--insecure is allowed on loopback addresses only, not on %q: set a token to listen there", addr)
 	case token != "" && c.Bool("insecure"):
@@ -126,9 +133,9 @@ func serve(c *ucli.Context) error {
 		MaxJobBytes:     int(*c.Generic("max-job-bytes").(*byteSize)),
 		MaxJobs:         c.Int("max-jobs"),
 		MaxConns:        c.Int("max-conns"),
-		IdleTimeout:     c.Duration("idle-timeout"),
-		MaxWait:         c.Duration("max-wait"),
-		JobTTL:          c.Duration("job-ttl"),
+		IdleTimeout:     duration(c, "idle-timeout"),
+		MaxWait:         duration(c, "max-wait"),
+		JobTTL:          duration(c, "job-ttl"),
 		Logger:          log,
 	}
 	for _, f := range []struct {
@@ -137,16 +144,12 @@ func serve(c *ucli.Context) error {
 	}{
 		{"max-message-bytes", int64(cfg.MaxMessageBytes)}, {"max-keys-per-job", int64(cfg.MaxKeysPerJob)},
 		{"max-job-bytes", int64(cfg.MaxJobBytes)}, {"max-jobs", int64(cfg.MaxJobs)}, {"max-conns", int64(cfg.MaxConns)},
-		{"idle-timeout", int64(cfg.IdleTimeout)}, {"max-wait", int64(cfg.MaxWait)}, {"job-ttl", int64(cfg.JobTTL)},
 	} {
 		if f.v <= 0 {
 			return usagef(c, "--%s must be positive", f.name)
 		}
 	}
-	grace := c.Duration("shutdown-timeout")
-	if grace <= 0 {
-		return usagef(c, "--shutdown-timeout must be positive")
-	}
+	grace := duration(c, "shutdown-timeout") // the durations are positive: see millis
 	srv, err := rendezvous.NewServer(cfg)
 	if err != nil {
 		return usagef(c, "%v", err)

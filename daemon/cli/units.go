@@ -1,11 +1,16 @@
 package cli
 
 import (
+	"flag"
 	"fmt"
 	"math"
+	"os"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/halo-cp/halo/comm"
+	ucli "github.com/urfave/cli/v2"
 )
 
 // byteSize is a flag value in bytes that people can type as 8, 2K, 2KiB,
@@ -61,26 +66,73 @@ func formatBytes(n int64) string {
 	return strconv.FormatInt(n, 10) + "B"
 }
 
-// millis is a duration flag that also accepts a bare number of
-// milliseconds, so that it can share an environment variable with the
-// library (HALO_TIMEOUT_MS=5000) and still take --timeout 5s.
+// millis is a duration flag read by the library's parser
+// (comm.ParseDuration): a bare number is milliseconds, so that a flag can
+// share a *_MS variable with the library and still take --timeout 5s.
+// Every halod duration is one, so that they all read alike.
 type millis time.Duration
 
 func (m *millis) Set(s string) error {
-	s = strings.TrimSpace(s)
-	if n, err := strconv.ParseInt(s, 10, 64); err == nil {
-		if n < 0 {
-			return fmt.Errorf("%q is negative", s)
-		}
-		*m = millis(time.Duration(n) * time.Millisecond)
-		return nil
-	}
-	d, err := time.ParseDuration(s)
-	if err != nil || d < 0 {
-		return fmt.Errorf("%q is not a duration (examples: 5000 for milliseconds, 5s, 2m)", s)
+	d, err := comm.ParseDuration(s)
+	if err != nil {
+		return err
 	}
 	*m = millis(d)
 	return nil
 }
 
-func (m *millis) String() string { return time.Duration(*m).String() }
+func (m *millis) String() string { return comm.FormatDuration(time.Duration(*m)) }
+
+// settingMillis is the default of a flag that stands for a library
+// duration setting: the table's, so that it is stated once.
+func settingMillis(s comm.Setting) *millis {
+	var m millis
+	if err := m.Set(s.Default); err != nil {
+		panic(fmt.Sprintf("%s: default %q: %v", s.Env, s.Default, err)) // comm's tests rule this out
+	}
+	return &m
+}
+
+func duration(c *ucli.Context, name string) time.Duration {
+	return time.Duration(*c.Generic(name).(*millis))
+}
+
+// transfer is --transfer, read by the library's parser; it keeps the name.
+type transfer string
+
+func (t *transfer) Set(s string) error {
+	if _, err := comm.ParseTransfer(s); err != nil {
+		return err
+	}
+	*t = transfer(strings.ToLower(strings.TrimSpace(s)))
+	return nil
+}
+
+func (t *transfer) String() string { return string(*t) }
+
+// boolFlag is a BoolFlag whose variable is read by the library's parser
+// (comm.ParseBool: 1/true/yes/on, 0/false/no/off; empty is unset) instead
+// of strconv.ParseBool, which lacks yes/on/no/off.
+type boolFlag struct{ *ucli.BoolFlag }
+
+func (f boolFlag) Apply(set *flag.FlagSet) error {
+	// The variable becomes the value the command line starts from, as
+	// urfave does it; f keeps its own default for the help.
+	plain := *f.BoolFlag
+	plain.EnvVars = nil
+	for _, env := range f.EnvVars {
+		v := os.Getenv(env)
+		if v == "" {
+			continue
+		}
+		b, err := comm.ParseBool(v)
+		if err != nil {
+			// Worded as urfave words its own, which flagMessage rewords.
+			return fmt.Errorf("could not parse %q from environment variable %q as value for flag %s: %v", v, env, f.Name, err)
+		}
+		plain.Value = b
+		f.HasBeenSet = true // for IsSet
+		break
+	}
+	return plain.Apply(set)
+}
