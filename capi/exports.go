@@ -21,7 +21,9 @@ const (
 	commParamsKnown = C.HALO_COMM_PARAM_BOOTSTRAP | C.HALO_COMM_PARAM_RENDEZVOUS | C.HALO_COMM_PARAM_TOKEN |
 		C.HALO_COMM_PARAM_JOB_ID | C.HALO_COMM_PARAM_TIMEOUT | C.HALO_COMM_PARAM_BOOTSTRAP_TIMEOUT
 	planParamsKnown = C.HALO_PLAN_PARAM_X_STRIDES | C.HALO_PLAN_PARAM_OUT_STRIDES | C.HALO_PLAN_PARAM_GRAD_OUT_STRIDES |
-		C.HALO_PLAN_PARAM_GRAD_X_STRIDES | C.HALO_PLAN_PARAM_PADDING
+		C.HALO_PLAN_PARAM_GRAD_X_STRIDES | C.HALO_PLAN_PARAM_PADDING | C.HALO_PLAN_PARAM_HALOS_ONLY |
+		C.HALO_PLAN_PARAM_LEFT_STRIDES | C.HALO_PLAN_PARAM_RIGHT_STRIDES | C.HALO_PLAN_PARAM_GRAD_LEFT_STRIDES |
+		C.HALO_PLAN_PARAM_GRAD_RIGHT_STRIDES
 )
 
 func invalid(format string, args ...any) error {
@@ -223,6 +225,10 @@ func haloGoPlanCreate(h C.uintptr_t, p *C.halo_plan_params_t, out *C.halo_plan_t
 			{C.HALO_PLAN_PARAM_OUT_STRIDES, p.out_strides, &spec.OutStrides, "out_strides"},
 			{C.HALO_PLAN_PARAM_GRAD_OUT_STRIDES, p.grad_out_strides, &spec.GradOutStrides, "grad_out_strides"},
 			{C.HALO_PLAN_PARAM_GRAD_X_STRIDES, p.grad_x_strides, &spec.GradXStrides, "grad_x_strides"},
+			{C.HALO_PLAN_PARAM_LEFT_STRIDES, p.left_strides, &spec.LeftStrides, "left_strides"},
+			{C.HALO_PLAN_PARAM_RIGHT_STRIDES, p.right_strides, &spec.RightStrides, "right_strides"},
+			{C.HALO_PLAN_PARAM_GRAD_LEFT_STRIDES, p.grad_left_strides, &spec.GradLeftStrides, "grad_left_strides"},
+			{C.HALO_PLAN_PARAM_GRAD_RIGHT_STRIDES, p.grad_right_strides, &spec.GradRightStrides, "grad_right_strides"},
 		} {
 			if m&s.bit != 0 {
 				if *s.dst, err = readInts(s.src, nd, s.name); err != nil {
@@ -232,6 +238,20 @@ func haloGoPlanCreate(h C.uintptr_t, p *C.halo_plan_params_t, out *C.halo_plan_t
 		}
 		if m&C.HALO_PLAN_PARAM_PADDING != 0 {
 			spec.Padding = halo.Padding(p.padding)
+		}
+		if m&C.HALO_PLAN_PARAM_HALOS_ONLY != 0 {
+			switch p.halos_only {
+			case 0, 1:
+				spec.HalosOnly = p.halos_only == 1
+			default:
+				return invalid("rank %d: params->halos_only is %d, want 0 or 1", e.c.Rank(), int32(p.halos_only))
+			}
+		}
+		if !spec.HalosOnly && m&(C.HALO_PLAN_PARAM_LEFT_STRIDES|C.HALO_PLAN_PARAM_RIGHT_STRIDES|C.HALO_PLAN_PARAM_GRAD_LEFT_STRIDES|C.HALO_PLAN_PARAM_GRAD_RIGHT_STRIDES) != 0 {
+			return invalid("rank %d: halo tensor strides are set for a plan with a padded output (set halos_only)", e.c.Rank())
+		}
+		if spec.HalosOnly && m&(C.HALO_PLAN_PARAM_OUT_STRIDES|C.HALO_PLAN_PARAM_GRAD_OUT_STRIDES) != 0 {
+			return invalid("rank %d: a halos-only plan has no out or grad_out: unset their strides", e.c.Rank())
 		}
 		plan, err := e.c.NewPlan(spec)
 		if err != nil {
@@ -248,17 +268,94 @@ func haloGoPlanCreate(h C.uintptr_t, p *C.halo_plan_params_t, out *C.halo_plan_t
 	})
 }
 
+// Plan calls, by number: the blocking and the start calls take the same
+// tensors in the same order (see include/halo.h).
+const (
+	callForward = iota
+	callBackward
+	callHalosForward
+	callHalosBackward
+)
+
 //export haloGoPlanRun
-func haloGoPlanRun(h C.uintptr_t, backward C.int, src, dst unsafe.Pointer, eb *C.char, el C.size_t) C.int {
+func haloGoPlanRun(h C.uintptr_t, call C.int, a, b, c unsafe.Pointer, eb *C.char, el C.size_t) C.int {
 	return export(eb, el, func() error {
 		pe, err := lookupPlan(uintptr(h))
 		if err != nil {
 			return err
 		}
-		if backward != 0 {
-			return pe.p.Backward(src, dst)
+		switch call {
+		case callForward:
+			return pe.p.Forward(a, b)
+		case callBackward:
+			return pe.p.Backward(a, b)
+		case callHalosForward:
+			return pe.p.HalosForward(a, b, c)
 		}
-		return pe.p.Forward(src, dst)
+		return pe.p.HalosBackward(a, b, c)
+	})
+}
+
+//export haloGoPlanStart
+func haloGoPlanStart(h C.uintptr_t, call C.int, a, b, c unsafe.Pointer, eb *C.char, el C.size_t) C.int {
+	return export(eb, el, func() error {
+		pe, err := lookupPlan(uintptr(h))
+		if err != nil {
+			return err
+		}
+		switch call {
+		case callForward:
+			return pe.p.ForwardStart(a, b)
+		case callBackward:
+			return pe.p.BackwardStart(a, b)
+		case callHalosForward:
+			return pe.p.HalosForwardStart(a, b, c)
+		}
+		return pe.p.HalosBackwardStart(a, b, c)
+	})
+}
+
+//export haloGoPlanTest
+func haloGoPlanTest(h C.uintptr_t, dir C.int, done *C.int, eb *C.char, el C.size_t) C.int {
+	return export(eb, el, func() error {
+		pe, err := lookupPlan(uintptr(h))
+		if err != nil {
+			return err
+		}
+		if done == nil {
+			return invalid("done (the output pointer) is NULL")
+		}
+		ok, err := pe.p.Test(halo.Direction(dir))
+		if err == nil {
+			*done = 0
+			if ok {
+				*done = 1
+			}
+		}
+		return err
+	})
+}
+
+//export haloGoPlanWait
+func haloGoPlanWait(h C.uintptr_t, dir C.int, eb *C.char, el C.size_t) C.int {
+	return export(eb, el, func() error {
+		pe, err := lookupPlan(uintptr(h))
+		if err != nil {
+			return err
+		}
+		return pe.p.Wait(halo.Direction(dir))
+	})
+}
+
+//export haloGoCommAbort
+func haloGoCommAbort(h C.uintptr_t, eb *C.char, el C.size_t) C.int {
+	return export(eb, el, func() error {
+		e, err := lookupComm(uintptr(h))
+		if err != nil {
+			return err
+		}
+		e.c.Abort()
+		return nil
 	})
 }
 

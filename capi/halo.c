@@ -73,11 +73,47 @@ halo_result_t halo_plan_create(halo_comm_t comm, const halo_plan_params_t *param
 }
 
 halo_result_t halo_plan_forward(halo_plan_t plan, const void *x, void *out) {
-    return (halo_result_t)haloGoPlanRun((uintptr_t)plan, 0, (void *)x, out, error_buffer(), HALO_ERRLEN);
+    return (halo_result_t)haloGoPlanRun((uintptr_t)plan, 0, (void *)x, out, NULL, error_buffer(), HALO_ERRLEN);
 }
 
 halo_result_t halo_plan_backward(halo_plan_t plan, const void *grad_out, void *grad_x) {
-    return (halo_result_t)haloGoPlanRun((uintptr_t)plan, 1, (void *)grad_out, grad_x, error_buffer(), HALO_ERRLEN);
+    return (halo_result_t)haloGoPlanRun((uintptr_t)plan, 1, (void *)grad_out, grad_x, NULL, error_buffer(), HALO_ERRLEN);
+}
+
+halo_result_t halo_plan_halos_forward(halo_plan_t plan, const void *x, void *left, void *right) {
+    return (halo_result_t)haloGoPlanRun((uintptr_t)plan, 2, (void *)x, left, right, error_buffer(), HALO_ERRLEN);
+}
+
+halo_result_t halo_plan_halos_backward(halo_plan_t plan, const void *grad_left, const void *grad_right, void *grad_x) {
+    return (halo_result_t)haloGoPlanRun((uintptr_t)plan, 3, (void *)grad_left, (void *)grad_right, grad_x, error_buffer(), HALO_ERRLEN);
+}
+
+halo_result_t halo_plan_forward_start(halo_plan_t plan, const void *x, void *out) {
+    return (halo_result_t)haloGoPlanStart((uintptr_t)plan, 0, (void *)x, out, NULL, error_buffer(), HALO_ERRLEN);
+}
+
+halo_result_t halo_plan_backward_start(halo_plan_t plan, const void *grad_out, void *grad_x) {
+    return (halo_result_t)haloGoPlanStart((uintptr_t)plan, 1, (void *)grad_out, grad_x, NULL, error_buffer(), HALO_ERRLEN);
+}
+
+halo_result_t halo_plan_halos_forward_start(halo_plan_t plan, const void *x, void *left, void *right) {
+    return (halo_result_t)haloGoPlanStart((uintptr_t)plan, 2, (void *)x, left, right, error_buffer(), HALO_ERRLEN);
+}
+
+halo_result_t halo_plan_halos_backward_start(halo_plan_t plan, const void *grad_left, const void *grad_right, void *grad_x) {
+    return (halo_result_t)haloGoPlanStart((uintptr_t)plan, 3, (void *)grad_left, (void *)grad_right, grad_x, error_buffer(), HALO_ERRLEN);
+}
+
+halo_result_t halo_plan_test(halo_plan_t plan, halo_direction_t direction, int *done) {
+    return (halo_result_t)haloGoPlanTest((uintptr_t)plan, (int)direction, done, error_buffer(), HALO_ERRLEN);
+}
+
+halo_result_t halo_plan_wait(halo_plan_t plan, halo_direction_t direction) {
+    return (halo_result_t)haloGoPlanWait((uintptr_t)plan, (int)direction, error_buffer(), HALO_ERRLEN);
+}
+
+halo_result_t halo_comm_abort(halo_comm_t comm) {
+    return (halo_result_t)haloGoCommAbort((uintptr_t)comm, error_buffer(), HALO_ERRLEN);
 }
 
 halo_result_t halo_plan_destroy(halo_plan_t plan) {

@@ -129,6 +129,20 @@ func (c *Comm) NewPlan(spec halo.Spec) (*halo.Plan, error) {
 	return g.NewPlan(spec)
 }
 
+// Abort stops the communicator from any goroutine, also while another one
+// is inside an exchange: that exchange and every later call fail with
+// halo.ErrFailed within milliseconds (UCX's waits are woken), after which
+// Close is immediate.
+func (c *Comm) Abort() {
+	c.t.Abort()
+	c.mu.Lock()
+	g := c.g
+	c.mu.Unlock()
+	if g != nil {
+		g.Abort()
+	}
+}
+
 // Close releases the transport; plans made on it must be closed first.
 // Safe to call twice.
 func (c *Comm) Close() error {
@@ -169,6 +183,10 @@ type wireBatch struct{ b *ucx.Batch }
 
 func (b wireBatch) Post(bases []uintptr) error    { return classify(b.b.Post(bases)) }
 func (b wireBatch) Wait(deadline time.Time) error { return classify(b.b.Wait(deadline)) }
+func (b wireBatch) Test() (bool, error) {
+	done, err := b.b.Test()
+	return done, classify(err)
+}
 func (b wireBatch) Close() error                  { return classify(b.b.Close()) }
 
 // classify maps an error of the ucx package onto halo's classes. A wait that
@@ -178,6 +196,8 @@ func classify(err error) error {
 	switch {
 	case err == nil:
 		return nil
+	case errors.Is(err, ucx.ErrAborted):
+		return halo.Classify(halo.ErrFailed, err)
 	case errors.Is(err, ucx.ErrTimeout):
 		return halo.Classify(halo.ErrTimeout, err)
 	case errors.Is(err, ucx.ErrPeerFailed):

@@ -117,6 +117,7 @@ func TestUCXErrorsAreClassed(t *testing.T) {
 		{&ucx.PeerError{Rank: 2, Status: ucx.StatusConnectionReset}, halo.ErrPeerFailed},
 		{&ucx.StatusError{Func: "ep", Status: ucx.StatusUnreachable}, halo.ErrPeerFailed},
 		{ucx.ErrClosed, halo.ErrClosed},
+		{&ucx.WaitError{Ops: []*ucx.OpError{{Peer: 1, Err: ucx.ErrAborted}}, Total: 1}, halo.ErrFailed},
 		{&ucx.LengthError{Expected: 8, Got: 4}, halo.ErrTransport},
 		{&ucx.StatusError{Func: "open", Status: ucx.StatusNoMemory}, halo.ErrTransport},
 	} {

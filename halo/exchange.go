@@ -2,309 +2,249 @@ package halo
 
 import (
 	"fmt"
-	"slices"
 	"time"
 	"unsafe"
-
-	"github.com/halo-cp/halo/halo/transport"
 )
 
-// build prepares both directions from the agreed partition.
-func (p *Plan) build() error {
-	s, me, d := &p.spec, p.g.Rank(), p.spec.Dim
-	L, R, n := s.Left, s.Right, s.Shape[d]
-	off := p.part.off[me]
-	in := p.part.incoming(me, L, R)
-	out := p.part.outgoing(me, L, R)
-	outShape := s.OutShape()
-	elem := int64(p.elem)
+// Direction is one of a plan's two exchanges.
+type Direction int
 
-	// Forward: source x (base 0) -> destination out (base 1).
-	f := &p.fwd
-	f.what, f.srcName, f.dstName = "forward", "x", "out"
-	f.srcExt, _ = extent(s.Shape, s.XStrides, p.elem)
-	f.dstExt, _ = extent(outShape, s.OutStrides, p.elem)
-	var fops []transport.Op
-	for _, m := range in {
-		op, err := p.recvOp(f, outShape, s.OutStrides, m.lo-off+L, m.hi-off+L, m.src, tag(p.id, phaseForward), false)
-		if err != nil {
-			return err
-		}
-		if op != nil {
-			fops = append(fops, *op)
-		}
-	}
-	for _, m := range out {
-		op, err := p.sendOp(f, s.Shape, s.XStrides, m.lo-off, m.hi-off, m.dst, tag(p.id, phaseForward))
-		if err != nil {
-			return err
-		}
-		if op != nil {
-			fops = append(fops, *op)
-		}
-	}
-	padL, padR := p.part.padding(me, L, R)
-	for _, r := range [][2]int64{{0, padL}, {L + n + R - padR, L + n + R}} {
-		if r[0] < r[1] {
-			b, o := p.box(outShape, s.OutStrides, r[0], r[1])
-			f.zero = append(f.zero, newWalk(b, [][]int64{s.OutStrides}, []int64{o}))
-		}
-	}
-	f.interior = newWalk(s.Shape, [][]int64{s.OutStrides, s.XStrides}, []int64{L * s.OutStrides[d], 0})
-	f.alias = -1
-	if slices.Equal(s.XStrides, s.OutStrides) {
-		f.alias = L * s.OutStrides[d] * elem
-	}
+const (
+	DirForward  Direction = 0
+	DirBackward Direction = 1
+)
 
-	// Backward: source grad_out (base 0) -> destination grad_x (base 1).
-	// Gradients of our slices come back from the ranks we sent them to, and
-	// are added in the order of `out`. Edge ranks add +0 where the reference
-	// adds its zero tensor; x+0 commutes bitwise with the other additions (it
-	// only turns -0 into +0 and quiets NaNs), so that pass runs while the
-	// wire works.
-	b := &p.bwd
-	b.what, b.srcName, b.dstName, b.srcPadded = "backward", "grad_out", "grad_x", true
-	b.srcExt, _ = extent(outShape, s.GradOutStrides, p.elem)
-	b.dstExt, _ = extent(s.Shape, s.GradXStrides, p.elem)
-	var bops []transport.Op
-	W := p.g.Size()
-	if me == W-1 && L > 0 && n > 0 {
-		bx, o := p.box(s.Shape, s.GradXStrides, n-min(L, n), n)
-		b.addZero = append(b.addZero, newWalk(bx, [][]int64{s.GradXStrides}, []int64{o}))
+func (p *Plan) schedule(d Direction) (*schedule, error) {
+	switch d {
+	case DirForward:
+		return &p.fwd, nil
+	case DirBackward:
+		return &p.bwd, nil
 	}
-	if me == 0 && R > 0 && n > 0 {
-		bx, o := p.box(s.Shape, s.GradXStrides, 0, min(R, n))
-		b.addZero = append(b.addZero, newWalk(bx, [][]int64{s.GradXStrides}, []int64{o}))
-	}
-	for _, m := range out {
-		op, err := p.recvOp(b, s.Shape, s.GradXStrides, m.lo-off, m.hi-off, m.dst, tag(p.id, phaseBackward), true)
-		if err != nil {
-			return err
-		}
-		if op != nil {
-			bops = append(bops, *op)
-		}
-	}
-	for _, m := range in {
-		op, err := p.sendOp(b, outShape, s.GradOutStrides, m.lo-off+L, m.hi-off+L, m.src, tag(p.id, phaseBackward))
-		if err != nil {
-			return err
-		}
-		if op != nil {
-			bops = append(bops, *op)
-		}
-	}
-	b.interior = newWalk(s.Shape, [][]int64{s.GradXStrides, s.GradOutStrides}, []int64{0, L * s.GradOutStrides[d]})
-	b.alias = -1
-	if slices.Equal(s.GradXStrides, s.GradOutStrides) {
-		b.alias = L * s.GradOutStrides[d] * elem
-	}
-
-	for _, sc := range []struct {
-		s   *schedule
-		ops []transport.Op
-	}{{f, fops}, {b, bops}} {
-		sc.s.bases = make([]uintptr, 2+len(sc.s.staging))
-		for i, buf := range sc.s.staging {
-			sc.s.bases[2+i] = buf.Addr()
-		}
-		if len(sc.ops) > 0 {
-			batch, err := p.g.t.Prepare(sc.ops)
-			if err != nil {
-				return fmt.Errorf("rank %d: preparing plan %d: %w", me, p.id, err)
-			}
-			sc.s.batch = batch
-		}
-	}
-	return nil
-}
-
-// inPlace decides whether a slab goes on the wire from/to the caller's
-// memory (contiguous or IOV) rather than through a staging buffer.
-func (p *Plan) inPlace(w *walk) bool {
-	runs := w.runs()
-	if runs <= 1 {
-		return true
-	}
-	o := &p.g.opts
-	switch o.Transfer {
-	case TransferPack:
-		return false
-	case TransferIOV:
-		return runs <= 1<<16
-	}
-	return runs <= int64(o.IOVMaxSegments) && w.run*int64(p.elem) >= o.IOVMinSegment
-}
-
-func (p *Plan) stage(s *schedule, bytes int64) (int, error) {
-	buf, err := p.g.t.Alloc(int(bytes))
-	if err != nil {
-		return 0, fmt.Errorf("rank %d: staging buffer of %d bytes for plan %d: %w", p.g.Rank(), bytes, p.id, err)
-	}
-	s.staging = append(s.staging, buf)
-	return len(s.staging) - 1, nil
-}
-
-// sendOp prepares the send of slices [lo, hi) of the source tensor (base 0).
-func (p *Plan) sendOp(s *schedule, shape, strides []int64, lo, hi int64, peer int, tag uint64) (*transport.Op, error) {
-	bx, o := p.box(shape, strides, lo, hi)
-	w := newWalk(bx, [][]int64{strides}, []int64{o})
-	if w.runs() == 0 {
-		return nil, nil // empty tensor: both sides skip the message
-	}
-	if p.inPlace(&w) {
-		return &transport.Op{Peer: peer, Tag: tag, Send: true, Base: 0, Segs: w.segments(p.elem)}, nil
-	}
-	bytes := w.runs() * w.run * int64(p.elem)
-	i, err := p.stage(s, bytes)
-	if err != nil {
-		return nil, err
-	}
-	s.pack = append(s.pack, staged{w: newWalk(bx, [][]int64{ContiguousStrides(bx), strides}, []int64{0, o}), buf: i})
-	return &transport.Op{Peer: peer, Tag: tag, Send: true, Base: 2 + i, Segs: []transport.Segment{{Off: 0, Len: bytes}}}, nil
-}
-
-// recvOp prepares the receive of slices [lo, hi) of the destination tensor
-// (base 1): in place, or into staging and then unpacked, or (accumulate)
-// into staging and then added.
-func (p *Plan) recvOp(s *schedule, shape, strides []int64, lo, hi int64, peer int, tag uint64, accumulate bool) (*transport.Op, error) {
-	bx, o := p.box(shape, strides, lo, hi)
-	w := newWalk(bx, [][]int64{strides}, []int64{o})
-	if w.runs() == 0 {
-		return nil, nil
-	}
-	if !accumulate && p.inPlace(&w) {
-		return &transport.Op{Peer: peer, Tag: tag, Base: 1, Segs: w.segments(p.elem)}, nil
-	}
-	bytes := w.runs() * w.run * int64(p.elem)
-	i, err := p.stage(s, bytes)
-	if err != nil {
-		return nil, err
-	}
-	st := staged{w: newWalk(bx, [][]int64{strides, ContiguousStrides(bx)}, []int64{o, 0}), buf: i}
-	if accumulate {
-		s.add = append(s.add, st)
-	} else {
-		s.unpack = append(s.unpack, st)
-	}
-	return &transport.Op{Peer: peer, Tag: tag, Base: 2 + i, Segs: []transport.Segment{{Off: 0, Len: bytes}}}, nil
+	return nil, fmt.Errorf("%w: rank %d: direction %d of plan %d is neither forward (0) nor backward (1)", ErrInvalid, p.g.Rank(), d, p.id)
 }
 
 // Forward fills out = [left halo | x | right halo] along dim. x may be the
 // interior of out (same strides, at slice Left): then it is not copied.
 func (p *Plan) Forward(x, out unsafe.Pointer) error {
-	if err := p.start(&p.fwd, x, out); err != nil {
-		return err
-	}
-	return p.finish(&p.fwd)
+	return p.run(&p.fwd, false, x, out, nil)
 }
 
 // Backward computes grad_x = interior of grad_out + the gradients of x's
 // slices that other ranks used as halo. grad_x may be the interior of
 // grad_out (same strides, at slice Left).
 func (p *Plan) Backward(gradOut, gradX unsafe.Pointer) error {
-	if err := p.start(&p.bwd, gradOut, gradX); err != nil {
+	return p.run(&p.bwd, false, gradOut, gradX, nil)
+}
+
+// HalosForward fills the halos-only plan's left and right tensors with the
+// slices before and after x in the global sequence.
+func (p *Plan) HalosForward(x, left, right unsafe.Pointer) error {
+	return p.run(&p.fwd, true, x, left, right)
+}
+
+// HalosBackward sends the halo gradients and adds the neighbours' gradients
+// of x's slices into gradX, which holds the rest of x's gradient already.
+func (p *Plan) HalosBackward(gradLeft, gradRight, gradX unsafe.Pointer) error {
+	return p.run(&p.bwd, true, gradLeft, gradX, gradRight)
+}
+
+// ForwardStart, BackwardStart, HalosForwardStart and HalosBackwardStart
+// begin the exchange of their blocking call and return once its messages are
+// posted and the local work that needs nothing from the wire is done; Test or
+// Wait finishes it. One exchange per direction may be in flight; the caller's
+// tensors belong to it until it completes.
+func (p *Plan) ForwardStart(x, out unsafe.Pointer) error {
+	return p.start(&p.fwd, false, x, out, nil)
+}
+
+func (p *Plan) BackwardStart(gradOut, gradX unsafe.Pointer) error {
+	return p.start(&p.bwd, false, gradOut, gradX, nil)
+}
+
+func (p *Plan) HalosForwardStart(x, left, right unsafe.Pointer) error {
+	return p.start(&p.fwd, true, x, left, right)
+}
+
+func (p *Plan) HalosBackwardStart(gradLeft, gradRight, gradX unsafe.Pointer) error {
+	return p.start(&p.bwd, true, gradLeft, gradX, gradRight)
+}
+
+// Wait finishes the exchange that a start call began, within the group's timeout.
+func (p *Plan) Wait(d Direction) error {
+	s, err := p.schedule(d)
+	if err != nil {
 		return err
 	}
-	return p.finish(&p.bwd)
+	return p.wait(s)
+}
+
+// Test progresses the exchange that a start call began without blocking, and
+// finishes it if its messages have all arrived.
+func (p *Plan) Test(d Direction) (done bool, err error) {
+	s, err := p.schedule(d)
+	if err != nil {
+		return false, err
+	}
+	if err := p.inFlight(s); err != nil {
+		return false, err
+	}
+	if s.batch != nil {
+		done, err := s.batch.Test()
+		if err != nil {
+			return true, p.failed(s, err)
+		}
+		if !done {
+			return false, nil
+		}
+	}
+	p.complete(s)
+	return true, nil
+}
+
+// InFlight reports whether an exchange of direction d is started and not yet
+// finished.
+func (p *Plan) InFlight(d Direction) bool {
+	s, err := p.schedule(d)
+	return err == nil && s.inFlight
+}
+
+func (p *Plan) run(s *schedule, halos bool, t0, t1, t2 unsafe.Pointer) error {
+	if err := p.start(s, halos, t0, t1, t2); err != nil {
+		return err
+	}
+	return p.wait(s)
 }
 
 // start begins one direction: it checks the pointers, packs the outgoing
 // slabs, posts every message, and then does the local work that needs
 // nothing from the wire (padding, the interior, the edge ranks' +0) while
-// the messages travel. finish completes it. Between the two the caller's
-// tensors belong to the exchange.
-func (p *Plan) start(s *schedule, src, dst unsafe.Pointer) error {
+// the messages travel.
+func (p *Plan) start(s *schedule, halos bool, t0, t1, t2 unsafe.Pointer) error {
 	me := p.g.Rank()
 	if p.closed {
 		return fmt.Errorf("rank %d: %s on plan %d: %w", me, s.what, p.id, ErrClosed)
 	}
+	if halos != p.spec.HalosOnly {
+		if p.spec.HalosOnly {
+			return fmt.Errorf("%w: rank %d: plan %d is halos-only: use the halos calls", ErrInvalid, me, p.id)
+		}
+		return fmt.Errorf("%w: rank %d: plan %d has a padded output: use forward and backward", ErrInvalid, me, p.id)
+	}
 	if s.inFlight {
-		return fmt.Errorf("%w: rank %d: %s of plan %d is already in flight", ErrState, me, s.what, p.id)
+		return fmt.Errorf("%w: rank %d: a %s of plan %d is already in flight (wait for it first)", ErrState, me, s.what, p.id)
 	}
 	if err := p.g.usable(); err != nil {
 		return err
 	}
-	if (src == nil && s.srcExt > 0) || (dst == nil && s.dstExt > 0) {
-		name := s.srcName
-		if src != nil {
-			name = s.dstName
+	ptrs := [3]unsafe.Pointer{t0, t1, t2}
+	for i, name := range s.names {
+		if ptrs[i] == nil && s.ext[i] > 0 {
+			return fmt.Errorf("%w: rank %d: %s of plan %d: %s is NULL", ErrInvalid, me, s.what, p.id, name)
 		}
-		return fmt.Errorf("%w: rank %d: %s of plan %d: %s is NULL", ErrInvalid, me, s.what, p.id, name)
 	}
-	aliased, err := p.aliasing(s, src, dst)
+	aliased, err := p.aliasing(s, ptrs[:s.fixed])
 	if err != nil {
 		return fmt.Errorf("%w: rank %d: %s of plan %d: %v", ErrInvalid, me, s.what, p.id, err)
 	}
+	for i := 0; i < s.fixed; i++ {
+		s.ptrs[i], s.bases[i] = ptrs[i], uintptr(ptrs[i])
+	}
 	x, dt := p.g.exec, p.spec.DType
 	for i := range s.pack {
-		x.copy(&s.pack[i].w, p.elem, stagingPtr(s, s.pack[i].buf), src)
+		x.copy(&s.pack[i].w, p.elem, s.ptrs[s.pack[i].dst], s.ptrs[s.pack[i].src])
 	}
 	if s.batch != nil {
-		s.bases[0], s.bases[1] = uintptr(src), uintptr(dst)
 		if err := s.batch.Post(s.bases); err != nil {
 			return p.g.fail(fmt.Errorf("rank %d: %s of plan %d: %w", me, s.what, p.id, err))
 		}
 	}
 	for i := range s.zero {
-		x.zero(&s.zero[i], p.elem, dst)
+		x.zero(&s.zero[i].w, p.elem, s.ptrs[s.zero[i].dst])
 	}
 	if !aliased {
-		x.copy(&s.interior, p.elem, dst, src)
-	}
-	for i := range s.addZero {
-		x.addZero(&s.addZero[i], dt, dst)
-	}
-	s.dst, s.inFlight = dst, true
-	return nil
-}
-
-// finish waits for the messages of the direction start began, then unpacks
-// and adds what arrived, in the order of the output.
-func (p *Plan) finish(s *schedule) error {
-	me := p.g.Rank()
-	if !s.inFlight {
-		return fmt.Errorf("%w: rank %d: %s of plan %d was not started", ErrState, me, s.what, p.id)
-	}
-	dst := s.dst
-	s.dst, s.inFlight = nil, false
-	if s.batch != nil {
-		if err := s.batch.Wait(time.Now().Add(p.g.opts.Timeout)); err != nil {
-			return p.g.fail(fmt.Errorf("rank %d: %s of plan %d: %w", me, s.what, p.id, err))
+		for i := range s.copyIn {
+			x.copy(&s.copyIn[i].w, p.elem, s.ptrs[s.copyIn[i].dst], s.ptrs[s.copyIn[i].src])
 		}
 	}
-	x, dt := p.g.exec, p.spec.DType
-	for i := range s.unpack {
-		x.copy(&s.unpack[i].w, p.elem, dst, stagingPtr(s, s.unpack[i].buf))
+	for i := range s.addZero {
+		x.addZero(&s.addZero[i].w, dt, s.ptrs[s.addZero[i].dst])
 	}
-	for i := range s.add {
-		x.add(&s.add[i].w, dt, dst, stagingPtr(s, s.add[i].buf))
+	s.inFlight = true
+	return nil
+}
+
+func (p *Plan) inFlight(s *schedule) error {
+	if !s.inFlight {
+		return fmt.Errorf("%w: rank %d: no %s of plan %d is in flight (start one first)", ErrState, p.g.Rank(), s.what, p.id)
 	}
 	return nil
 }
 
-// aliasing tells whether the unpadded tensor is exactly the interior of the
-// padded one, and refuses any other overlap (it would be silent garbage).
-func (p *Plan) aliasing(s *schedule, src, dst unsafe.Pointer) (bool, error) {
-	padded, inner, padExt, innerExt := uintptr(dst), uintptr(src), s.dstExt, s.srcExt
-	paddedName, innerName := s.dstName, s.srcName
-	if s.srcPadded {
-		padded, inner, padExt, innerExt = inner, padded, innerExt, padExt
-		paddedName, innerName = innerName, paddedName
+// wait blocks until the messages of the direction start began have arrived,
+// then completes it.
+func (p *Plan) wait(s *schedule) error {
+	if err := p.inFlight(s); err != nil {
+		return err
 	}
-	if padExt == 0 || innerExt == 0 {
-		return false, nil
+	if s.batch != nil {
+		if err := s.batch.Wait(time.Now().Add(p.g.opts.Timeout)); err != nil {
+			return p.failed(s, err)
+		}
 	}
-	if s.alias >= 0 && inner == padded+uintptr(s.alias) {
-		return true, nil
-	}
-	if inner < padded+uintptr(padExt) && padded < inner+uintptr(innerExt) {
-		return false, fmt.Errorf("%s overlaps %s but is not its interior (it must be %s narrowed to slices [%d, %d) along dim %d with the same strides, or not overlap it)",
-			innerName, paddedName, paddedName, p.spec.Left, p.spec.Left+p.spec.Shape[p.spec.Dim], p.spec.Dim)
-	}
-	return false, nil
+	p.complete(s)
+	return nil
 }
 
-func stagingPtr(s *schedule, i int) unsafe.Pointer {
-	return unsafe.Pointer(unsafe.SliceData(s.staging[i].Bytes()))
+// complete unpacks and adds what arrived, in the order of the output.
+func (p *Plan) complete(s *schedule) {
+	x, dt := p.g.exec, p.spec.DType
+	for i := range s.unpack {
+		x.copy(&s.unpack[i].w, p.elem, s.ptrs[s.unpack[i].dst], s.ptrs[s.unpack[i].src])
+	}
+	for i := range s.add {
+		x.add(&s.add[i].w, dt, s.ptrs[s.add[i].dst], s.ptrs[s.add[i].src])
+	}
+	p.release(s)
+}
+
+// failed ends an exchange whose messages failed: the group is unusable.
+func (p *Plan) failed(s *schedule, err error) error {
+	p.release(s)
+	return p.g.fail(fmt.Errorf("rank %d: %s of plan %d: %w", p.g.Rank(), s.what, p.id, err))
+}
+
+// release forgets the caller's tensors: the exchange no longer owns them.
+func (p *Plan) release(s *schedule) {
+	for i := 0; i < s.fixed; i++ {
+		s.ptrs[i], s.bases[i] = nil, 0
+	}
+	s.inFlight = false
+}
+
+// aliasing tells whether a padded plan's unpadded tensor is exactly the
+// interior of the padded one, and refuses any other overlap between the
+// caller's tensors (it would be silent garbage).
+func (p *Plan) aliasing(s *schedule, ptrs []unsafe.Pointer) (bool, error) {
+	if s.inner >= 0 {
+		inner, outer := uintptr(ptrs[s.inner]), uintptr(ptrs[s.outer])
+		if s.ext[s.inner] > 0 && s.ext[s.outer] > 0 && s.alias >= 0 && inner == outer+uintptr(s.alias) {
+			return true, nil
+		}
+	}
+	for i := range ptrs {
+		for j := i + 1; j < len(ptrs); j++ {
+			a, b := uintptr(ptrs[i]), uintptr(ptrs[j])
+			if s.ext[i] == 0 || s.ext[j] == 0 || a >= b+uintptr(s.ext[j]) || b >= a+uintptr(s.ext[i]) {
+				continue
+			}
+			if s.inner >= 0 {
+				inner, outer := s.names[s.inner], s.names[s.outer]
+				return false, fmt.Errorf("%s overlaps %s but is not its interior (it must be %s narrowed to slices [%d, %d) along dim %d with the same strides, or not overlap it)",
+					inner, outer, outer, p.spec.Left, p.spec.Left+p.spec.Shape[p.spec.Dim], p.spec.Dim)
+			}
+			return false, fmt.Errorf("%s and %s overlap in memory", s.names[i], s.names[j])
+		}
+	}
+	return false, nil
 }

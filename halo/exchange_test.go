@@ -20,8 +20,8 @@ func (solo) Alloc(n int) (transport.Buffer, error) {
 	return nil, errors.New("a group of one allocates no staging")
 }
 
-// start and finish bracket one exchange per direction: a second start, or a
-// finish with nothing started, is a state error that leaves the plan usable.
+// Start and Wait bracket one exchange per direction: a second start, or a
+// wait with nothing started, is a state error that leaves the plan usable.
 func TestStartFinishOrder(t *testing.T) {
 	g, err := NewGroup(solo{}, GroupOptions{})
 	if err != nil {
@@ -32,13 +32,13 @@ func TestStartFinishOrder(t *testing.T) {
 		t.Fatal(err)
 	}
 	x, out := []float32{1, 2, 3}, make([]float32, 5)
-	if err := p.finish(&p.fwd); !errors.Is(err, ErrState) {
-		t.Fatalf("finish without start: %v", err)
+	if err := p.Wait(DirForward); !errors.Is(err, ErrState) {
+		t.Fatalf("wait without start: %v", err)
 	}
-	if err := p.start(&p.fwd, PtrOf(x), PtrOf(out)); err != nil {
+	if err := p.ForwardStart(PtrOf(x), PtrOf(out)); err != nil {
 		t.Fatal(err)
 	}
-	if err := p.start(&p.fwd, PtrOf(x), PtrOf(out)); !errors.Is(err, ErrState) {
+	if err := p.ForwardStart(PtrOf(x), PtrOf(out)); !errors.Is(err, ErrState) {
 		t.Fatalf("second start: %v", err)
 	}
 	// The other direction is independent.
@@ -46,7 +46,7 @@ func TestStartFinishOrder(t *testing.T) {
 	if err := p.Backward(PtrOf(out), PtrOf(gx)); err != nil {
 		t.Fatalf("backward while a forward is in flight: %v", err)
 	}
-	if err := p.finish(&p.fwd); err != nil {
+	if err := p.Wait(DirForward); err != nil {
 		t.Fatal(err)
 	}
 	if want := []float32{0, 1, 2, 3, 0}; !slices.Equal(out, want) {

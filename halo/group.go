@@ -91,6 +91,12 @@ func (g *Group) fail(err error) error {
 	return err
 }
 
+// Abort makes every later call on the group fail with ErrFailed; safe from
+// any goroutine. (An exchange in flight is woken by aborting the transport.)
+func (g *Group) Abort() {
+	g.fail(fmt.Errorf("%w: aborted (halo_comm_abort)", ErrFailed))
+}
+
 func (g *Group) usable() error {
 	if err := g.Err(); err != nil {
 		return fmt.Errorf("%w: an earlier exchange failed (%v); destroy and recreate the communicator", ErrFailed, err)

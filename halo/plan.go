@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"strings"
 	"time"
-	"unsafe"
 
 	"github.com/halo-cp/halo/halo/transport"
 )
@@ -30,6 +29,17 @@ type Spec struct {
 	Dim            int
 	Left, Right    int64
 	Padding        Padding
+
+	// HalosOnly: the halos go to and come from tensors of their own (left
+	// and right, x's shape with Left and Right slices along Dim) instead of
+	// a padded out, and backward adds the neighbours' gradients into a
+	// grad_x that already holds the rest. The wire does not see the
+	// difference: ranks may mix padded and halos-only plans.
+	HalosOnly bool
+	// Strides of the halos-only tensors; nil means contiguous, the
+	// gradients' nil means the same as their tensor's.
+	LeftStrides, RightStrides         []int64
+	GradLeftStrides, GradRightStrides []int64
 }
 
 // OutShape is the shape of the forward output.
@@ -51,34 +61,6 @@ type Plan struct {
 	closed bool
 
 	fwd, bwd schedule
-}
-
-// schedule is one direction's prepared work. Bases of its batch: 0 and 1
-// are the call's source and destination tensors, then one per staging buffer.
-type schedule struct {
-	batch    transport.Batch
-	bases    []uintptr
-	staging  []transport.Buffer
-	pack     []staged // before Post: staging <- source
-	unpack   []staged // after Wait: destination <- staging
-	add      []staged // after Wait, in order: destination += staging
-	zero     []walk   // destination slices to clear (forward padding)
-	addZero  []walk   // destination slices to add +0 to, before Wait (see addZero)
-	interior walk     // destination <- source, unless they alias
-	alias    int64    // byte offset of the unpadded tensor in the padded one when they alias; -1: never
-	srcExt   int64    // byte extents, for the overlap check
-	dstExt   int64
-
-	what, srcName, dstName string // for messages: "forward", "x", "out"
-	srcPadded              bool   // the source is the padded tensor (backward)
-
-	inFlight bool           // between start and finish
-	dst      unsafe.Pointer // the destination of the exchange in flight
-}
-
-type staged struct {
-	w   walk // operand 0 is the destination
-	buf int  // staging index
 }
 
 // NewPlan creates a plan collectively: every rank of the group calls it with
@@ -131,18 +113,22 @@ func (s *Spec) validate() error {
 	if s.Left > 1<<40 || s.Right > 1<<40 || s.Shape[s.Dim] > 1<<40 {
 		return fmt.Errorf("sizes along dim %d are too large (left %d, shard %d, right %d)", s.Dim, s.Left, s.Shape[s.Dim], s.Right)
 	}
-	out := s.OutShape()
-	for _, l := range []struct {
+	type layout struct {
 		name     string
 		shape    []int64
 		strides  []int64
 		writable bool
-	}{
-		{"x", s.Shape, s.XStrides, false},
-		{"out", out, s.OutStrides, true},
-		{"grad_out", out, s.GradOutStrides, false},
-		{"grad_x", s.Shape, s.GradXStrides, true},
-	} {
+	}
+	ls := []layout{{"x", s.Shape, s.XStrides, false}, {"grad_x", s.Shape, s.GradXStrides, true}}
+	if s.HalosOnly {
+		left, right := s.haloShape(s.Left), s.haloShape(s.Right)
+		ls = append(ls, layout{"left", left, s.LeftStrides, true}, layout{"right", right, s.RightStrides, true},
+			layout{"grad_left", left, s.GradLeftStrides, false}, layout{"grad_right", right, s.GradRightStrides, false})
+	} else {
+		out := s.OutShape()
+		ls = append(ls, layout{"out", out, s.OutStrides, true}, layout{"grad_out", out, s.GradOutStrides, false})
+	}
+	for _, l := range ls {
 		if l.strides == nil {
 			if _, err := extent(l.shape, ContiguousStrides(l.shape), s.DType.Size()); err != nil {
 				return fmt.Errorf("%s of shape %v: %v", l.name, l.shape, err)
@@ -171,6 +157,13 @@ func (s Spec) normalized() Spec {
 	s.OutStrides = or(s.OutStrides, ContiguousStrides(s.OutShape()))
 	s.GradOutStrides = or(s.GradOutStrides, s.OutStrides)
 	s.GradXStrides = or(s.GradXStrides, s.XStrides)
+	if s.HalosOnly {
+		s.OutStrides, s.GradOutStrides = nil, nil
+		s.LeftStrides = or(s.LeftStrides, ContiguousStrides(s.haloShape(s.Left)))
+		s.RightStrides = or(s.RightStrides, ContiguousStrides(s.haloShape(s.Right)))
+		s.GradLeftStrides = or(s.GradLeftStrides, s.LeftStrides)
+		s.GradRightStrides = or(s.GradRightStrides, s.RightStrides)
+	}
 	return s
 }
 
@@ -351,21 +344,22 @@ func rankList(rs []int) string {
 	return "ranks " + strings.Join(s, ", ")
 }
 
-// box returns the shape of slices [lo, hi) of a tensor along dim and the
-// element offset of the first of them.
-func (p *Plan) box(shape, strides []int64, lo, hi int64) ([]int64, int64) {
-	b := append([]int64(nil), shape...)
-	b[p.spec.Dim] = hi - lo
-	return b, lo * strides[p.spec.Dim]
-}
-
 // Close releases the plan's transport resources; it is safe to call twice.
+// Closing a plan with an exchange in flight cancels it: that is an error,
+// and the group is unusable afterwards (its peers' messages are cut short).
 func (p *Plan) Close() error {
 	if p.closed {
 		return nil
 	}
 	p.closed = true
 	var first error
+	for _, s := range []*schedule{&p.fwd, &p.bwd} {
+		if s.inFlight {
+			p.release(s)
+			first = p.g.fail(fmt.Errorf("%w: rank %d: plan %d was destroyed while a %s was in flight; the exchange was cancelled (wait for it before destroying the plan)",
+				ErrState, p.g.Rank(), p.id, s.what))
+		}
+	}
 	for _, s := range []*schedule{&p.fwd, &p.bwd} {
 		if s.batch != nil {
 			if err := s.batch.Close(); err != nil && first == nil {

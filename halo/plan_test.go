@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -22,11 +23,47 @@ type caseSpec struct {
 	L, R    int64
 	inPlace bool // x inside out, grad_x inside grad_out
 	strided bool
+	halos   bool // a halos-only plan: left and right tensors, grad_x added to
+	async   bool // Start, then Test until done or Wait
 }
 
 func (c caseSpec) String() string {
-	return fmt.Sprintf("W=%d %v shape=%v dim=%d lengths=%v L=%d R=%d inplace=%v strided=%v",
-		c.W, c.dtype, c.shape, c.dim, c.lengths, c.L, c.R, c.inPlace, c.strided)
+	return fmt.Sprintf("W=%d %v shape=%v dim=%d lengths=%v L=%d R=%d inplace=%v strided=%v halos=%v async=%v",
+		c.W, c.dtype, c.shape, c.dim, c.lengths, c.L, c.R, c.inPlace, c.strided, c.halos, c.async)
+}
+
+// sliceAlong is slices [lo, hi) of t along dim.
+func sliceAlong(t Logical, dim int, lo, hi int64) Logical {
+	sh := append([]int64(nil), t.Shape...)
+	sh[dim] = hi - lo
+	out := Logical{Shape: sh, Bits: make([]uint64, 0, Numel(sh))}
+	idx := make([]int64, len(t.Shape))
+	for i := range t.Bits {
+		Unravel(t.Shape, int64(i), idx)
+		if idx[dim] >= lo && idx[dim] < hi {
+			out.Bits = append(out.Bits, t.Bits[i])
+		}
+	}
+	return out
+}
+
+// exchange runs one direction blocking, or asynchronously: Start, a few
+// Tests (each may finish it), then Wait if it is still in flight.
+func exchange(p *Plan, c caseSpec, rng *rand.Rand, d Direction, blocking, start func() error) error {
+	if !c.async {
+		return blocking()
+	}
+	if err := start(); err != nil {
+		return err
+	}
+	for i := rng.Intn(4); i > 0; i-- {
+		done, err := p.Test(d)
+		if err != nil || done {
+			return err
+		}
+		runtime.Gosched()
+	}
+	return p.Wait(d)
 }
 
 // checkCase runs forward and backward on every rank and compares each
@@ -50,14 +87,22 @@ func checkCase(t *testing.T, rng *rand.Rand, c caseSpec, opts GroupOptions) {
 		for i := range grads[r].Bits {
 			grads[r].Bits[i] = RandomValue(rng, c.dtype)
 		}
-		s := Spec{DType: c.dtype, Shape: sh, Dim: c.dim, Left: c.L, Right: c.R}
+		s := Spec{DType: c.dtype, Shape: sh, Dim: c.dim, Left: c.L, Right: c.R, HalosOnly: c.halos}
 		if c.strided {
 			s.OutStrides = RandomStrides(rng, osh)
 			s.GradOutStrides = RandomStrides(rng, osh)
 			s.XStrides = RandomStrides(rng, sh)
 			s.GradXStrides = RandomStrides(rng, sh)
 		}
-		if c.inPlace {
+		if c.halos {
+			s.OutStrides, s.GradOutStrides = nil, nil
+			if c.strided {
+				lsh, rsh := append([]int64(nil), sh...), append([]int64(nil), sh...)
+				lsh[c.dim], rsh[c.dim] = c.L, c.R
+				s.LeftStrides, s.GradLeftStrides = RandomStrides(rng, lsh), RandomStrides(rng, lsh)
+				s.RightStrides, s.GradRightStrides = RandomStrides(rng, rsh), RandomStrides(rng, rsh)
+			}
+		} else if c.inPlace {
 			if s.OutStrides == nil {
 				s.OutStrides = ContiguousStrides(osh)
 			}
@@ -79,6 +124,14 @@ func checkCase(t *testing.T, rng *rand.Rand, c caseSpec, opts GroupOptions) {
 		}
 		defer p.Close()
 		osh := s.OutShape()
+		rng := rand.New(rand.NewSource(int64(r)))
+		if c.halos {
+			return checkHalos(p, c, rng, xs[r], grads[r], wantOut[r], wantGX[r], func(f string) {
+				mu.Lock()
+				defer mu.Unlock()
+				failures = append(failures, fmt.Sprintf("rank %d %s", r, f))
+			})
+		}
 		out := NewMemory(osh, s.OutStrides, elem, 64)
 		gout := NewMemory(osh, s.GradOutStrides, elem, 64)
 		out.Fill(0xA5) // garbage where the plan must write
@@ -90,7 +143,8 @@ func checkCase(t *testing.T, rng *rand.Rand, c caseSpec, opts GroupOptions) {
 			x = NewMemory(s.Shape, s.XStrides, elem, 64)
 			x.Store(xs[r])
 		}
-		if err := p.Forward(x.Ptr(), out.Ptr()); err != nil {
+		if err := exchange(p, c, rng, DirForward, func() error { return p.Forward(x.Ptr(), out.Ptr()) },
+			func() error { return p.ForwardStart(x.Ptr(), out.Ptr()) }); err != nil {
 			return err
 		}
 		gout.Store(grads[r])
@@ -100,7 +154,8 @@ func checkCase(t *testing.T, rng *rand.Rand, c caseSpec, opts GroupOptions) {
 			gx = NewMemory(s.Shape, s.GradXStrides, elem, 64)
 			gx.Fill(0xA5)
 		}
-		if err := p.Backward(gout.Ptr(), gx.Ptr()); err != nil {
+		if err := exchange(p, c, rng, DirBackward, func() error { return p.Backward(gout.Ptr(), gx.Ptr()) },
+			func() error { return p.BackwardStart(gout.Ptr(), gx.Ptr()) }); err != nil {
 			return err
 		}
 		gotOut, gotGX := out.Load(osh), gx.Load(s.Shape)
@@ -130,6 +185,51 @@ func checkCase(t *testing.T, rng *rand.Rand, c caseSpec, opts GroupOptions) {
 	}
 }
 
+// checkHalos runs a halos-only plan: the halos must equal the padded
+// oracle's halo slices, and grad_x, filled with grad_out's interior before
+// the backward, must end as the oracle's grad_x, bit for bit.
+func checkHalos(p *Plan, c caseSpec, rng *rand.Rand, x, grad, wantOut, wantGX Logical, fail func(string)) error {
+	s := p.Spec()
+	elem := c.dtype.Size()
+	n := s.Shape[c.dim]
+	lsh, rsh := append([]int64(nil), s.Shape...), append([]int64(nil), s.Shape...)
+	lsh[c.dim], rsh[c.dim] = c.L, c.R
+	xm := NewMemory(s.Shape, s.XStrides, elem, 64)
+	xm.Store(x)
+	left, right := NewMemory(lsh, s.LeftStrides, elem, 64), NewMemory(rsh, s.RightStrides, elem, 64)
+	left.Fill(0xA5)
+	right.Fill(0xA5)
+	if err := exchange(p, c, rng, DirForward, func() error { return p.HalosForward(xm.Ptr(), left.Ptr(), right.Ptr()) },
+		func() error { return p.HalosForwardStart(xm.Ptr(), left.Ptr(), right.Ptr()) }); err != nil {
+		return err
+	}
+	gl, gr := NewMemory(lsh, s.GradLeftStrides, elem, 64), NewMemory(rsh, s.GradRightStrides, elem, 64)
+	gl.Store(sliceAlong(grad, c.dim, 0, c.L))
+	gr.Store(sliceAlong(grad, c.dim, c.L+n, c.L+n+c.R))
+	gx := NewMemory(s.Shape, s.GradXStrides, elem, 64)
+	gx.Store(sliceAlong(grad, c.dim, c.L, c.L+n))
+	if err := exchange(p, c, rng, DirBackward, func() error { return p.HalosBackward(gl.Ptr(), gr.Ptr(), gx.Ptr()) },
+		func() error { return p.HalosBackwardStart(gl.Ptr(), gr.Ptr(), gx.Ptr()) }); err != nil {
+		return err
+	}
+	for _, cmp := range []struct {
+		name      string
+		got, want Logical
+	}{
+		{"left", left.Load(lsh), sliceAlong(wantOut, c.dim, 0, c.L)},
+		{"right", right.Load(rsh), sliceAlong(wantOut, c.dim, c.L+n, c.L+n+c.R)},
+		{"grad_x", gx.Load(s.Shape), wantGX},
+	} {
+		for i, v := range cmp.want.Bits {
+			if cmp.got.Bits[i] != v {
+				fail(fmt.Sprintf("%s[%d] = %#x, want %#x", cmp.name, i, cmp.got.Bits[i], v))
+				break
+			}
+		}
+	}
+	return nil
+}
+
 func randomCase(rng *rand.Rand) caseSpec {
 	c := caseSpec{W: 1 + rng.Intn(5), dtype: DType(rng.Intn(4))}
 	nd := 1 + rng.Intn(5)
@@ -145,6 +245,8 @@ func randomCase(rng *rand.Rand) caseSpec {
 	c.L, c.R = int64(rng.Intn(7)), int64(rng.Intn(7))
 	c.inPlace = rng.Intn(4) == 0
 	c.strided = rng.Intn(2) == 0
+	c.halos = rng.Intn(3) == 0
+	c.async = rng.Intn(3) == 0
 	return c
 }
 

@@ -8,8 +8,9 @@
  * back and adds them into the owners' input gradient.
  *
  * Thread safety: a communicator and its plans may be used by one thread at a
- * time; different communicators are independent. halo_last_error is per
- * thread. Every function validates its arguments and returns a result code;
+ * time; different communicators are independent. The one exception is
+ * halo_comm_abort, which any thread may call at any time. halo_last_error is
+ * per thread. Every function validates its arguments and returns a result code;
  * none aborts the caller. Outputs are written only on success.
  */
 #ifndef HALO_H
@@ -56,6 +57,12 @@ typedef enum halo_dtype {
 typedef enum halo_padding {
     HALO_PAD_ZEROS = 0
 } halo_padding_t;
+
+/** @brief The two exchanges of a plan, for the asynchronous calls. */
+typedef enum halo_direction {
+    HALO_DIR_FORWARD  = 0, /**< halo_plan_forward_start / halo_plan_halos_forward_start */
+    HALO_DIR_BACKWARD = 1  /**< halo_plan_backward_start / halo_plan_halos_backward_start */
+} halo_direction_t;
 
 /** @brief How ranks find each other. */
 typedef enum halo_bootstrap {
@@ -104,7 +111,12 @@ enum {
     HALO_PLAN_PARAM_OUT_STRIDES      = 1u << 1,
     HALO_PLAN_PARAM_GRAD_OUT_STRIDES = 1u << 2,
     HALO_PLAN_PARAM_GRAD_X_STRIDES   = 1u << 3,
-    HALO_PLAN_PARAM_PADDING          = 1u << 4
+    HALO_PLAN_PARAM_PADDING          = 1u << 4,
+    HALO_PLAN_PARAM_HALOS_ONLY       = 1u << 5,
+    HALO_PLAN_PARAM_LEFT_STRIDES     = 1u << 6,
+    HALO_PLAN_PARAM_RIGHT_STRIDES    = 1u << 7,
+    HALO_PLAN_PARAM_GRAD_LEFT_STRIDES  = 1u << 8,
+    HALO_PLAN_PARAM_GRAD_RIGHT_STRIDES = 1u << 9
 };
 
 /**
@@ -114,6 +126,14 @@ enum {
  * with left + right more slices along dim; grad_out's strides default to
  * out's, grad_x's to x's. Shards may differ in length along dim between
  * ranks; every other field must agree on all ranks.
+ *
+ * A halos-only plan (halos_only = 1) has no padded tensors: its forward
+ * writes the left and right halos into tensors of their own (x's shape with
+ * left, respectively right, slices along dim; strides left_strides and
+ * right_strides), and its backward sends the halo gradients from grad_left
+ * and grad_right (strides default to left's and right's) and adds the
+ * neighbours' gradients into grad_x, which already holds the rest of x's
+ * gradient. Ranks may mix padded and halos-only plans of the same layout.
  */
 typedef struct halo_plan_params {
     uint64_t       field_mask;
@@ -128,6 +148,11 @@ typedef struct halo_plan_params {
     const int64_t *grad_out_strides;
     const int64_t *grad_x_strides;
     halo_padding_t padding;
+    int32_t        halos_only;       /**< 1: a halos-only plan (see above) */
+    const int64_t *left_strides;
+    const int64_t *right_strides;
+    const int64_t *grad_left_strides;
+    const int64_t *grad_right_strides;
 } halo_plan_params_t;
 
 /** @brief Version of the loaded library, as HALO_VERSION_NUMBER. */
@@ -174,6 +199,14 @@ halo_result_t halo_comm_get_rank(halo_comm_t comm, int *rank, int *world_size);
 halo_result_t halo_comm_destroy(halo_comm_t comm);
 
 /**
+ * @brief Stop a communicator from any thread, for a watchdog that must end a
+ * stuck exchange: every call in flight on it returns HALO_ERR_COMM_FAILED
+ * within milliseconds, and so does every later call but halo_comm_destroy,
+ * which is then immediate. Peers see this rank as failed. Idempotent.
+ */
+halo_result_t halo_comm_abort(halo_comm_t comm);
+
+/**
  * @brief Create a plan, collectively: every rank calls it, in the same order
  * relative to its other plans. Ranks exchange their layouts; any disagreement
  * fails with HALO_ERR_MISMATCH on every rank, naming the ranks and fields.
@@ -194,7 +227,54 @@ halo_result_t halo_plan_forward(halo_plan_t plan, const void *x, void *out);
  */
 halo_result_t halo_plan_backward(halo_plan_t plan, const void *grad_out, void *grad_x);
 
-/** @brief Destroy a plan. Local. */
+/**
+ * @brief The halos-only forward: left and right receive the slices before and
+ * after x in the global sequence (zeros outside it). Collective.
+ */
+halo_result_t halo_plan_halos_forward(halo_plan_t plan, const void *x, void *left, void *right);
+
+/**
+ * @brief The halos-only backward: sends grad_left and grad_right to the ranks
+ * the halos came from, and adds the gradients of x's slices that the
+ * neighbours send into grad_x, in the order and dtype of halo_plan_backward,
+ * so that grad_x ends bit-identical to what the padded backward computes when
+ * grad_x held grad_out's interior. Collective.
+ */
+halo_result_t halo_plan_halos_backward(halo_plan_t plan, const void *grad_left, const void *grad_right, void *grad_x);
+
+/**
+ * @brief Asynchronous exchanges. A *_start call takes the same arguments as
+ * its blocking call, posts the messages, does the local work that needs
+ * nothing from the wire (padding, the interior copy) and returns; the
+ * exchange is then finished by halo_plan_wait, or by halo_plan_test once it
+ * reports done. Results are in the tensors only when the wait or test that
+ * finishes the exchange returns HALO_SUCCESS; until then the tensors belong to
+ * the exchange. One exchange per plan and direction may be in flight: a
+ * second start, a wait or test with nothing started, and destroying a plan
+ * with an exchange in flight are HALO_ERR_INVALID_STATE (the last one
+ * cancels the exchange and fails the communicator). The blocking calls are a
+ * start followed by a wait.
+ */
+halo_result_t halo_plan_forward_start(halo_plan_t plan, const void *x, void *out);
+halo_result_t halo_plan_backward_start(halo_plan_t plan, const void *grad_out, void *grad_x);
+halo_result_t halo_plan_halos_forward_start(halo_plan_t plan, const void *x, void *left, void *right);
+halo_result_t halo_plan_halos_backward_start(halo_plan_t plan, const void *grad_left, const void *grad_right, void *grad_x);
+
+/**
+ * @brief Progress the exchange of the direction without blocking; *done is
+ * set to 1 (and the exchange finished) once its messages have all arrived,
+ * else to 0. Communication advances only inside halo library calls: a
+ * caller that computes between start and wait gains by testing now and then.
+ */
+halo_result_t halo_plan_test(halo_plan_t plan, halo_direction_t direction, int *done);
+
+/** @brief Finish the exchange of the direction, within the communicator's timeout. */
+halo_result_t halo_plan_wait(halo_plan_t plan, halo_direction_t direction);
+
+/**
+ * @brief Destroy a plan. Local. An exchange still in flight is cancelled and
+ * reported as HALO_ERR_INVALID_STATE; the plan is destroyed all the same.
+ */
 halo_result_t halo_plan_destroy(halo_plan_t plan);
 
 #ifdef __cplusplus

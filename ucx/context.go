@@ -41,9 +41,14 @@ type Options struct {
 	KeepaliveInterval time.Duration
 
 	// SpinPolls is how many consecutive idle progress calls Wait makes
-	// before it starts calling sched_yield between polls. Zero means
-	// DefaultSpinPolls, a negative value never yields.
+	// before it starts sleeping between polls until UCX has an event (or
+	// yielding the CPU, with Yield). Zero means DefaultSpinPolls, a negative
+	// value never stops spinning.
 	SpinPolls int
+
+	// Yield makes an idle Wait call sched_yield between polls instead of
+	// sleeping on the worker's event fd (UCP_FEATURE_WAKEUP).
+	Yield bool
 
 	// Config sets further UCX options by name, with or without the UCX_
 	// prefix (e.g. "TLS": "shm,self"). These win over the environment.
@@ -95,6 +100,7 @@ func Open(rank, size int, opts Options) (*Transport, error) {
 		size:     size,
 		rankBits: rankBits(size),
 		peerMode: opts.PeerErrorHandling,
+		yield:    opts.Yield,
 		batches:  make(map[*Batch]struct{}),
 	}
 	if err := t.initContext(opts); err != nil {
@@ -122,7 +128,7 @@ func (t *Transport) initContext(opts Options) error {
 	if err := applyConfig(cfg, opts); err != nil {
 		return err
 	}
-	if st := C.hux_init(cfg, C.int(t.size), &t.c.context); st != C.UCS_OK {
+	if st := C.hux_init(cfg, C.int(t.size), cbool(!t.yield), &t.c.context); st != C.UCS_OK {
 		t.c.context = nil
 		return statusError("ucp_init", st)
 	}

@@ -24,6 +24,8 @@ var (
 	ErrMessageLength = errors.New("ucx: received length differs from expected")
 	// ErrClosed: the transport or batch is closed.
 	ErrClosed = errors.New("ucx: closed")
+	// ErrAborted: Transport.Abort was called.
+	ErrAborted = errors.New("ucx: aborted")
 )
 
 // Status is a UCX status code (ucs_status_t): 0 is success, negative values

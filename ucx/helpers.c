@@ -6,6 +6,7 @@
 #include "helpers.h"
 
 #include <dlfcn.h>
+#include <poll.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -115,7 +116,8 @@ ucs_status_t hux_config_read(ucp_config_t **config)
     return ucp_config_read(NULL, NULL, config);
 }
 
-ucs_status_t hux_init(ucp_config_t *config, int size, ucp_context_h *context)
+ucs_status_t hux_init(ucp_config_t *config, int size, int wakeup,
+                      ucp_context_h *context)
 {
     ucp_params_t params;
 
@@ -124,22 +126,32 @@ ucs_status_t hux_init(ucp_config_t *config, int size, ucp_context_h *context)
                                UCP_PARAM_FIELD_MT_WORKERS_SHARED |
                                UCP_PARAM_FIELD_ESTIMATED_NUM_EPS |
                                UCP_PARAM_FIELD_NAME;
-    params.features          = UCP_FEATURE_TAG;
+    params.features          = UCP_FEATURE_TAG |
+                               (wakeup ? UCP_FEATURE_WAKEUP : 0);
     params.mt_workers_shared = 0;
     params.estimated_num_eps = (size > 1) ? size - 1 : 1;
     params.name              = "halo";
     return ucp_init(&params, config, context);
 }
 
-ucs_status_t hux_worker_create(ucp_context_h context, ucp_worker_h *worker)
+ucs_status_t hux_worker_create(hux_transport_t *t, int wakeup)
 {
     ucp_worker_params_t params;
+    ucs_status_t status;
 
     /* One goroutine at a time, but not always on the same OS thread. */
     memset(&params, 0, sizeof(params));
     params.field_mask  = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
     params.thread_mode = UCS_THREAD_MODE_SERIALIZED;
-    return ucp_worker_create(context, &params, worker);
+    status = ucp_worker_create(t->context, &params, &t->worker);
+    if ((status != UCS_OK) || !wakeup) {
+        return status;
+    }
+    /* Without an event fd the wait loop yields instead of sleeping. */
+    if (ucp_worker_get_efd(t->worker, &t->efd) != UCS_OK) {
+        t->efd = -1;
+    }
+    return UCS_OK;
 }
 
 ucs_status_t hux_worker_address(ucp_worker_h worker, void **addr, size_t *len)
@@ -183,7 +195,28 @@ hux_transport_t *hux_transport_new(int rank, int size)
     }
     t->rank = rank;
     t->size = size;
+    t->efd  = -1;
     return t;
+}
+
+/*
+ * Makes every wait on the transport, running or future, end at once with
+ * HUX_WAIT_ABORTED. Safe from any thread: it only sets a flag and wakes a
+ * wait that sleeps on the worker's event fd (ucp_worker_signal writes to
+ * that fd and takes no lock). A spinning or yielding wait sees the flag
+ * within HUX_CLOCK_EVERY polls.
+ */
+void hux_transport_abort(hux_transport_t *t)
+{
+    __atomic_store_n(&t->aborted, 1, __ATOMIC_RELEASE);
+    if ((t->efd >= 0) && (t->worker != NULL)) {
+        ucp_worker_signal(t->worker);
+    }
+}
+
+int hux_transport_aborted(hux_transport_t *t)
+{
+    return __atomic_load_n(&t->aborted, __ATOMIC_ACQUIRE);
 }
 
 static void hux_zombie_add(hux_transport_t *t, void *p)
@@ -516,12 +549,51 @@ void hux_batch_abort(hux_batch_t *b, int why)
 }
 
 /*
- * The Wait loop: progress, spinning up to t->spin idle polls before yielding
- * the CPU, until every operation has finished or the deadline has passed (then
- * the batch is aborted). Requests are examined after a poll that made
- * progress; requests and clock are examined every HUX_CLOCK_EVERY polls while
- * spinning and after every yield (which may give the CPU away for a whole
- * time slice).
+ * Sleeps on the worker's event fd until UCX has something to progress, the
+ * end passes, or the transport is aborted (which signals the worker). Arming
+ * fails with UCS_ERR_BUSY when events are already pending: then there is
+ * nothing to sleep for.
+ */
+static void hux_worker_sleep(hux_transport_t *t, int64_t end)
+{
+    struct pollfd pfd = {.fd = t->efd, .events = POLLIN};
+    struct timespec ts;
+    int64_t left;
+
+    if (ucp_worker_arm(t->worker) != UCS_OK) {
+        return;
+    }
+    if (hux_transport_aborted(t)) {
+        return; /* the signal may have come before the arm */
+    }
+    left = end - hux_now_ns();
+    if (left <= 0) {
+        return;
+    }
+    ts.tv_sec  = left / 1000000000;
+    ts.tv_nsec = left % 1000000000;
+    /* An EINTR (Go's preemption signal) just ends this sleep early. */
+    (void)ppoll(&pfd, 1, &ts, NULL);
+}
+
+/* Ends a wait that must not go on: the deadline passed or an abort came. */
+static int hux_batch_stop(hux_batch_t *b)
+{
+    if (hux_transport_aborted(b->tr)) {
+        hux_batch_abort(b, HUX_WHY_ABORT);
+        return HUX_WAIT_ABORTED;
+    }
+    hux_batch_abort(b, HUX_WHY_DEADLINE);
+    return HUX_WAIT_DEADLINE;
+}
+
+/*
+ * The Wait loop: progress, spinning up to t->spin idle polls, then sleeping
+ * on the worker's event fd between polls (or yielding the CPU where the
+ * worker has none), until every operation has finished, the deadline has
+ * passed or the transport is aborted (then the batch is aborted). Requests
+ * are examined after a poll that made progress; requests, clock and abort
+ * flag every HUX_CLOCK_EVERY polls while spinning and after every sleep.
  */
 int hux_batch_wait(hux_batch_t *b, int64_t timeout_ns)
 {
@@ -547,7 +619,15 @@ int hux_batch_wait(hux_batch_t *b, int64_t timeout_ns)
         }
         check = (++polls % HUX_CLOCK_EVERY) == 0;
         if ((t->spin >= 0) && (++idle > t->spin)) {
-            sched_yield();
+            hux_batch_reap(b);
+            if (b->pending == 0) {
+                return HUX_WAIT_DONE;
+            }
+            if (t->efd >= 0) {
+                hux_worker_sleep(t, end);
+            } else {
+                sched_yield();
+            }
             check = 1;
         }
         if (check) {
@@ -555,12 +635,34 @@ int hux_batch_wait(hux_batch_t *b, int64_t timeout_ns)
             if (b->pending == 0) {
                 return HUX_WAIT_DONE;
             }
-            if (hux_now_ns() >= end) {
-                hux_batch_abort(b, HUX_WHY_DEADLINE);
-                return HUX_WAIT_DEADLINE;
+            if ((hux_now_ns() >= end) || hux_transport_aborted(t)) {
+                return hux_batch_stop(b);
             }
         }
     }
+}
+
+/*
+ * One look without blocking: progresses the worker while it has events, then
+ * reports whether every operation has finished (1) or not (0). An abort ends
+ * the batch as hux_batch_wait would (then 1, with the operations' statuses).
+ */
+int hux_batch_test(hux_batch_t *b)
+{
+    hux_transport_t *t = b->tr;
+    int n = 0;
+
+    while ((ucp_worker_progress(t->worker) != 0) && (++n < 64)) {
+    }
+    hux_batch_reap(b);
+    if (b->pending == 0) {
+        return 1;
+    }
+    if (hux_transport_aborted(t)) {
+        hux_batch_abort(b, HUX_WHY_ABORT);
+        return 1;
+    }
+    return 0;
 }
 
 void hux_batch_destroy(hux_batch_t *b)

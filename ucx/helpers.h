@@ -16,13 +16,15 @@
 enum {
     HUX_WHY_NONE     = 0, /* see hux_op_t.status */
     HUX_WHY_PEER     = 1, /* its peer's endpoint failed or was closed */
-    HUX_WHY_DEADLINE = 2  /* still pending when the deadline passed */
+    HUX_WHY_DEADLINE = 2, /* still pending when the deadline passed */
+    HUX_WHY_ABORT    = 3  /* the transport was aborted (hux_transport_abort) */
 };
 
 /* Return values of hux_batch_wait. */
 enum {
     HUX_WAIT_DONE     = 0, /* every operation finished (each has a status) */
-    HUX_WAIT_DEADLINE = 1  /* the deadline passed; the batch was aborted */
+    HUX_WAIT_DEADLINE = 1, /* the deadline passed; the batch was aborted */
+    HUX_WAIT_ABORTED  = 2  /* hux_transport_abort was called; likewise */
 };
 
 typedef struct hux_peer {
@@ -37,7 +39,9 @@ typedef struct hux_transport {
     hux_peer_t   *peers;       /* size entries, index = rank */
     int           size;
     int           rank;
-    int           spin;        /* idle polls before sched_yield; < 0: never */
+    int           spin;        /* idle polls before sleeping; < 0: never */
+    int           efd;         /* the worker's event fd, or -1: yield instead */
+    int           aborted;     /* set once by hux_transport_abort, any thread */
     int64_t       grace_ns;    /* how long an abort waits for cancellations */
     /* Requests UCX could not finish within an abort's grace period, and the
      * batch memory they may still read; both are released by
@@ -84,13 +88,16 @@ int hux_reclaim_signals(void);
 
 /* Context and worker */
 ucs_status_t hux_config_read(ucp_config_t **config);
-ucs_status_t hux_init(ucp_config_t *config, int size, ucp_context_h *context);
-ucs_status_t hux_worker_create(ucp_context_h context, ucp_worker_h *worker);
+ucs_status_t hux_init(ucp_config_t *config, int size, int wakeup,
+                      ucp_context_h *context);
+ucs_status_t hux_worker_create(hux_transport_t *t, int wakeup);
 ucs_status_t hux_worker_address(ucp_worker_h worker, void **addr, size_t *len);
 
 /* Transport */
 hux_transport_t *hux_transport_new(int rank, int size);
 void hux_transport_destroy(hux_transport_t *t);
+void hux_transport_abort(hux_transport_t *t);
+int hux_transport_aborted(hux_transport_t *t);
 
 /* Endpoints */
 ucs_status_t hux_ep_create(hux_transport_t *t, int peer, const void *addr,
@@ -101,6 +108,7 @@ ucs_status_t hux_ep_force_close(hux_transport_t *t, int peer, int64_t timeout_ns
 hux_batch_t *hux_batch_new(hux_transport_t *t, int nops, int nsegs, int nbases);
 void hux_batch_post(hux_batch_t *b);
 int hux_batch_wait(hux_batch_t *b, int64_t timeout_ns);
+int hux_batch_test(hux_batch_t *b);
 void hux_batch_abort(hux_batch_t *b, int why);
 void hux_batch_destroy(hux_batch_t *b);
 

@@ -174,6 +174,9 @@ func (b *Batch) Post(bases []uintptr) error {
 	if b.c.zombie != 0 {
 		return errZombie
 	}
+	if C.hux_transport_aborted(t.c) != 0 {
+		return ErrAborted
+	}
 	if len(bases) < len(b.bases) {
 		return fmt.Errorf("ucx: post: %d bases for a batch that uses %d", len(bases), len(b.bases))
 	}
@@ -208,6 +211,31 @@ func (b *Batch) Wait(deadline time.Time) error {
 		timeout = max(int64(time.Until(deadline)), 0)
 	}
 	C.hux_batch_wait(b.c, C.int64_t(timeout))
+	return b.result()
+}
+
+// Test progresses without blocking and reports whether the posted
+// operations have all completed; when they have, err is what Wait would
+// have returned and the batch may be posted again. A batch not posted is
+// an error.
+func (b *Batch) Test() (done bool, err error) {
+	t := b.t
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if b.c == nil {
+		return false, ErrClosed
+	}
+	if !b.posted {
+		return false, errNotPosted
+	}
+	if C.hux_batch_test(b.c) == 0 {
+		return false, nil
+	}
+	return true, b.result()
+}
+
+// result ends a post whose operations have all finished.
+func (b *Batch) result() error {
 	b.posted = false
 	for i := range b.ops {
 		op := &b.ops[i]
@@ -232,6 +260,8 @@ func (b *Batch) failure() error {
 			continue
 		case op.why == C.HUX_WHY_DEADLINE:
 			err = ErrTimeout
+		case op.why == C.HUX_WHY_ABORT:
+			err = ErrAborted
 		case op.why == C.HUX_WHY_PEER:
 			err = &PeerError{Rank: info.peer, Status: Status(b.t.peer(info.peer).err)}
 		case st == StatusMessageTruncated:

@@ -14,11 +14,13 @@ import (
 // other rank of its group once connected.
 type Transport struct {
 	mu        sync.Mutex
+	abortMu   sync.Mutex         // see Abort
 	c         *C.hux_transport_t // nil once closed
 	rank      int
 	size      int
 	rankBits  int
 	peerMode  bool
+	yield     bool
 	connected bool
 	addr      []byte
 	batches   map[*Batch]struct{} // open batches, closed with the transport
@@ -33,6 +35,26 @@ func (t *Transport) Size() int { return t.size }
 // TagBits is how many low bits of Op.Tag are the caller's: the bits above
 // carry the sender's rank on the wire (64 - ceil(log2(Size))).
 func (t *Transport) TagBits() int { return 64 - t.rankBits }
+
+// Abort makes every Wait on the transport, running or future, end within
+// microseconds with ErrAborted (after the same cleanup as a deadline), and
+// every later Post fail with it. Unlike the other methods it may be called
+// from any goroutine at any time, also while another one waits (which holds
+// mu): it takes only abortMu. The transport can then only be closed.
+func (t *Transport) Abort() {
+	t.abortMu.Lock()
+	defer t.abortMu.Unlock()
+	if t.c != nil {
+		C.hux_transport_abort(t.c)
+	}
+}
+
+// Aborted reports whether Abort was called.
+func (t *Transport) Aborted() bool {
+	t.abortMu.Lock()
+	defer t.abortMu.Unlock()
+	return t.c == nil || C.hux_transport_aborted(t.c) != 0
+}
 
 // Close releases every batch, force-closes every endpoint (without waiting
 // for peers, so a dead peer cannot make it hang) and destroys the worker and
@@ -50,8 +72,11 @@ func (t *Transport) Close() error {
 		b.destroy()
 	}
 	slow := t.closeEndpoints()
-	C.hux_transport_destroy(t.c)
-	t.c = nil
+	t.abortMu.Lock()
+	c := t.c
+	t.c = nil // written under both locks, read under either
+	t.abortMu.Unlock()
+	C.hux_transport_destroy(c)
 	if len(slow) > 0 {
 		return fmt.Errorf("ucx: close: endpoints to ranks %v did not close within %v (released with the worker)", slow, abortGrace)
 	}

@@ -81,6 +81,7 @@ type memBatch struct {
 	ops    []transport.Op
 	bases  []uintptr
 	posted bool
+	done   []bool // per op, while a post is being received
 }
 
 // at turns an address the test owns into a pointer without a uintptr
@@ -92,6 +93,7 @@ func at(base uintptr, off int64) unsafe.Pointer {
 func (b *memBatch) Post(bases []uintptr) error {
 	h := b.t.h
 	b.bases = append(b.bases[:0], bases...)
+	b.done = nil
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	for _, op := range b.ops {
@@ -112,45 +114,10 @@ func (b *memBatch) Post(bases []uintptr) error {
 }
 
 func (b *memBatch) Wait(deadline time.Time) error {
-	h := b.t.h
-	done := make([]bool, len(b.ops))
 	for {
-		h.mu.Lock()
-		var pending []string
-		var failed error
-		for i, op := range b.ops {
-			if done[i] || op.Send {
-				done[i] = true
-				continue
-			}
-			k := memKey{op.Peer, op.Tag}
-			q := h.boxes[b.t.rank][k]
-			if len(q) == 0 {
-				if h.dead[op.Peer] {
-					failed = fmt.Errorf("%w: recv from rank %d (tag %#x)", halo.ErrPeerFailed, op.Peer, op.Tag)
-				}
-				pending = append(pending, fmt.Sprintf("recv from rank %d (tag %#x)", op.Peer, op.Tag))
-				continue
-			}
-			msg := q[0]
-			h.boxes[b.t.rank][k] = q[1:]
-			done[i] = true
-			if want := op.Bytes(); int64(len(msg)) != want {
-				failed = fmt.Errorf("%w: recv from rank %d (tag %#x): message length %d, expected %d", halo.ErrTransport, op.Peer, op.Tag, len(msg), want)
-				continue
-			}
-			for _, s := range op.Segs {
-				copy(unsafe.Slice((*byte)(at(b.bases[op.Base], s.Off)), s.Len), msg[:s.Len])
-				msg = msg[s.Len:]
-			}
-		}
-		ch := h.changed
-		h.mu.Unlock()
-		if failed != nil {
-			return failed
-		}
-		if len(pending) == 0 {
-			return nil
+		ch, pending, err := b.poll()
+		if err != nil || len(pending) == 0 {
+			return err
 		}
 		wait := time.Until(deadline)
 		if wait <= 0 {
@@ -161,6 +128,55 @@ func (b *memBatch) Wait(deadline time.Time) error {
 		case <-time.After(wait):
 		}
 	}
+}
+
+func (b *memBatch) Test() (bool, error) {
+	_, pending, err := b.poll()
+	return err != nil || len(pending) == 0, err
+}
+
+// poll takes every message that has arrived for a pending receive; it
+// returns the receives still pending, and a channel closed at the next
+// delivery.
+func (b *memBatch) poll() (<-chan struct{}, []string, error) {
+	h := b.t.h
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if b.done == nil {
+		b.done = make([]bool, len(b.ops))
+	}
+	var pending []string
+	for i, op := range b.ops {
+		if b.done[i] || op.Send {
+			b.done[i] = true
+			continue
+		}
+		k := memKey{op.Peer, op.Tag}
+		q := h.boxes[b.t.rank][k]
+		if len(q) == 0 {
+			if h.dead[op.Peer] {
+				b.done = nil
+				return nil, nil, fmt.Errorf("%w: recv from rank %d (tag %#x)", halo.ErrPeerFailed, op.Peer, op.Tag)
+			}
+			pending = append(pending, fmt.Sprintf("recv from rank %d (tag %#x)", op.Peer, op.Tag))
+			continue
+		}
+		msg := q[0]
+		h.boxes[b.t.rank][k] = q[1:]
+		b.done[i] = true
+		if want := op.Bytes(); int64(len(msg)) != want {
+			b.done = nil
+			return nil, nil, fmt.Errorf("%w: recv from rank %d (tag %#x): message length %d, expected %d", halo.ErrTransport, op.Peer, op.Tag, len(msg), want)
+		}
+		for _, s := range op.Segs {
+			copy(unsafe.Slice((*byte)(at(b.bases[op.Base], s.Off)), s.Len), msg[:s.Len])
+			msg = msg[s.Len:]
+		}
+	}
+	if len(pending) == 0 {
+		b.done = nil // the next Post starts afresh
+	}
+	return h.changed, pending, nil
 }
 
 func (b *memBatch) Close() error { return nil }

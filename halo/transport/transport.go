@@ -70,5 +70,9 @@ type Batch interface {
 	// deadline has passed; on failure it names the peers and operations
 	// still pending. After a failed Wait the transport is unusable.
 	Wait(deadline time.Time) error
+	// Test progresses without blocking; once every posted operation has
+	// completed it reports done, with the error Wait would have returned.
+	Test() (done bool, err error)
+	// Close releases the batch; a batch still posted is cancelled first.
 	Close() error
 }

@@ -2,15 +2,20 @@
  * an oracle computed from the whole global tensor. Cases: every dim of 3-D
  * and 5-D tensors; halos 0, 1, 2 and longer than a shard; uneven and empty
  * shards; contiguous, non-contiguous and in-place (x inside out) layouts;
- * float32, float64, float16, bfloat16.
+ * float32, float64, float16, bfloat16; each through the blocking calls, the
+ * asynchronous ones (start, test, wait) and a halos-only plan (left and right
+ * tensors of their own, grad_x added to), in turn.
  *
  *   test_exchange W [--external]    launch W ranks (rendezvous, or addresses
  *                                   exchanged through files by the caller) */
 #include "launch.h"
 #include "values.h"
 
+enum { BLOCKING, ASYNC, HALOS, HALOS_ASYNC, NMODES };
+
 typedef struct {
     int id, nd, dim, dtype, layout; /* layout: 0 contiguous, 1 strided, 2 in place */
+    int mode;                       /* BLOCKING, ASYNC, HALOS or HALOS_ASYNC */
     int64_t shape[8], L, R, len[64], off[65];
 } tcase;
 
@@ -74,6 +79,37 @@ static uint64_t gout_value(const tcase *c, int s, const int64_t *idx_out) {
     return value_bits(c->dtype, g_key(c, s, idx_out));
 }
 
+/* Finishes an exchange begun by a start call: a few tests, then a wait. */
+static void finish(halo_plan_t plan, halo_direction_t dir, int id) {
+    int done = 0;
+    for (int i = 0; i < id % 4 && !done; i++) HALO_OK(halo_plan_test(plan, dir, &done));
+    if (!done) HALO_OK(halo_plan_wait(plan, dir));
+    int again;
+    CHECK(halo_plan_wait(plan, dir) == HALO_ERR_INVALID_STATE, "a second wait after the exchange finished was not refused");
+    CHECK(halo_plan_test(plan, dir, &again) == HALO_ERR_INVALID_STATE, "a test after the exchange finished was not refused");
+}
+
+/* Where element idx of the padded output lives: out, or for a halos-only
+ * plan left, x's place (returned NULL: the caller's own) or right. */
+typedef struct {
+    unsigned char *base[3]; /* left or out, (unused), right */
+    const int64_t *st[3];
+    int64_t L, n;
+    int dim, nd, halos;
+} padded_view;
+
+static unsigned char *padded_at(const padded_view *v, const int64_t *idx_out, int es) {
+    int64_t j[8];
+    memcpy(j, idx_out, sizeof j);
+    if (!v->halos) return v->base[0] + dot(v->nd, j, v->st[0]) * es;
+    if (j[v->dim] < v->L) return v->base[0] + dot(v->nd, j, v->st[0]) * es;
+    if (j[v->dim] >= v->L + v->n) {
+        j[v->dim] -= v->L + v->n;
+        return v->base[2] + dot(v->nd, j, v->st[2]) * es;
+    }
+    return NULL;
+}
+
 static void run_case(halo_comm_t comm, const tcase *c) {
     int r = g_rank, W = g_world, nd = c->nd, dim = c->dim, es = dtype_size(c->dtype);
     int64_t L = c->L, R = c->R, n = c->len[r], N = c->off[W];
@@ -91,7 +127,7 @@ static void run_case(halo_comm_t comm, const tcase *c) {
         strided(nd, os, c->id + 1, ost);
         strided(nd, os, c->id + 2, gost);
         strided(nd, xs, c->id + 3, gxst);
-    } else if (c->layout == 2) {
+    } else if (c->layout == 2 && c->mode < HALOS) {
         strided(nd, os, c->id, ost);
         memcpy(xst, ost, sizeof xst);
         memcpy(gost, ost, sizeof gost);
@@ -110,6 +146,32 @@ static void run_case(halo_comm_t comm, const tcase *c) {
     p.out_strides = ost;
     p.grad_out_strides = gost;
     p.grad_x_strides = gxst;
+    /* Halos-only: left and right (and their gradients) in tensors of their own. */
+    int halos = c->mode >= HALOS;
+    int64_t ls[8], rs[8], lst[8], rst[8], glst[8], grst[8];
+    memcpy(ls, xs, sizeof ls);
+    memcpy(rs, xs, sizeof rs);
+    ls[dim] = L;
+    rs[dim] = R;
+    contiguous(nd, ls, lst);
+    contiguous(nd, rs, rst);
+    contiguous(nd, ls, glst);
+    contiguous(nd, rs, grst);
+    if (halos && c->layout == 1) {
+        strided(nd, ls, c->id + 4, lst);
+        strided(nd, rs, c->id + 5, rst);
+        strided(nd, ls, c->id + 6, glst);
+    }
+    if (halos) {
+        p.field_mask = HALO_PLAN_PARAM_X_STRIDES | HALO_PLAN_PARAM_GRAD_X_STRIDES | HALO_PLAN_PARAM_HALOS_ONLY |
+                       HALO_PLAN_PARAM_LEFT_STRIDES | HALO_PLAN_PARAM_RIGHT_STRIDES | HALO_PLAN_PARAM_GRAD_LEFT_STRIDES |
+                       HALO_PLAN_PARAM_GRAD_RIGHT_STRIDES;
+        p.halos_only = 1;
+        p.left_strides = lst;
+        p.right_strides = rst;
+        p.grad_left_strides = glst;
+        p.grad_right_strides = grst;
+    }
     halo_plan_t plan;
     HALO_OK(halo_plan_create(comm, &p, &plan));
 
@@ -117,7 +179,17 @@ static void run_case(halo_comm_t comm, const tcase *c) {
     unsigned char *out = malloc(oext * es), *gout = malloc(extent(nd, os, gost) * es + es);
     unsigned char *x, *gx;
     memset(out, 0xA5, oext * es);
-    if (c->layout == 2) {
+    unsigned char *left = malloc((extent(nd, ls, lst) + 1) * es), *right = malloc((extent(nd, rs, rst) + 1) * es);
+    unsigned char *gleft = malloc((extent(nd, ls, glst) + 1) * es), *gright = malloc((extent(nd, rs, grst) + 1) * es);
+    memset(left, 0xA5, (extent(nd, ls, lst) + 1) * es);
+    memset(right, 0xA5, (extent(nd, rs, rst) + 1) * es);
+    padded_view ov = {{out, NULL, NULL}, {ost, NULL, NULL}, L, n, dim, nd, 0};
+    padded_view gov = {{gout, NULL, NULL}, {gost, NULL, NULL}, L, n, dim, nd, 0};
+    if (halos) {
+        ov = (padded_view){{left, NULL, right}, {lst, NULL, rst}, L, n, dim, nd, 1};
+        gov = (padded_view){{gleft, NULL, gright}, {glst, NULL, grst}, L, n, dim, nd, 1};
+    }
+    if (c->layout == 2 && !halos) {
         x = out + L * ost[dim] * es;
         gx = gout + L * gost[dim] * es;
     } else {
@@ -131,24 +203,42 @@ static void run_case(halo_comm_t comm, const tcase *c) {
         unravel(nd, xs, i, idx);
         put_bits(x + dot(nd, idx, xst) * es, es, value_bits(c->dtype, x_key(c, idx, c->off[r] + idx[dim])));
     }
-    HALO_OK(halo_plan_forward(plan, x, out));
+    switch (c->mode) {
+    case BLOCKING: HALO_OK(halo_plan_forward(plan, x, out)); break;
+    case ASYNC: HALO_OK(halo_plan_forward_start(plan, x, out)); finish(plan, HALO_DIR_FORWARD, c->id); break;
+    case HALOS: HALO_OK(halo_plan_halos_forward(plan, x, left, right)); break;
+    default: HALO_OK(halo_plan_halos_forward_start(plan, x, left, right)); finish(plan, HALO_DIR_FORWARD, c->id);
+    }
     int bad = 0;
     for (int64_t i = 0; i < on && bad < 3; i++) {
         unravel(nd, os, i, idx);
         int64_t P = c->off[r] - L + idx[dim];
         uint64_t want = (P >= 0 && P < N) ? value_bits(c->dtype, x_key(c, idx, P)) : 0;
-        uint64_t got = get_bits(out + dot(nd, idx, ost) * es, es);
+        unsigned char *at = padded_at(&ov, idx, es);
+        if (at == NULL) continue; /* x itself, in a halos-only plan */
+        uint64_t got = get_bits(at, es);
         if (got != want) {
-            CHECK(0, "case %d (nd %d dim %d L %ld R %ld dtype %d layout %d): out[%ld] pos %ld = %#lx, want %#lx", c->id, nd, dim,
-                  (long)L, (long)R, c->dtype, c->layout, (long)i, (long)idx[dim], (unsigned long)got, (unsigned long)want);
+            CHECK(0, "case %d (nd %d dim %d L %ld R %ld dtype %d layout %d mode %d): out[%ld] pos %ld = %#lx, want %#lx", c->id, nd, dim,
+                  (long)L, (long)R, c->dtype, c->layout, c->mode, (long)i, (long)idx[dim], (unsigned long)got, (unsigned long)want);
             bad++;
         }
     }
     for (int64_t i = 0; i < on; i++) {
         unravel(nd, os, i, idx);
-        put_bits(gout + dot(nd, idx, gost) * es, es, gout_value(c, r, idx));
+        unsigned char *at = padded_at(&gov, idx, es);
+        if (at == NULL) { /* halos-only: grad_x holds the interior already */
+            memcpy(gidx, idx, sizeof gidx);
+            gidx[dim] -= L;
+            at = gx + dot(nd, gidx, gxst) * es;
+        }
+        put_bits(at, es, gout_value(c, r, idx));
     }
-    HALO_OK(halo_plan_backward(plan, gout, gx));
+    switch (c->mode) {
+    case BLOCKING: HALO_OK(halo_plan_backward(plan, gout, gx)); break;
+    case ASYNC: HALO_OK(halo_plan_backward_start(plan, gout, gx)); finish(plan, HALO_DIR_BACKWARD, c->id); break;
+    case HALOS: HALO_OK(halo_plan_halos_backward(plan, gleft, gright, gx)); break;
+    default: HALO_OK(halo_plan_halos_backward_start(plan, gleft, gright, gx)); finish(plan, HALO_DIR_BACKWARD, c->id);
+    }
     for (int64_t i = 0; i < xn && bad < 3; i++) {
         unravel(nd, xs, i, idx);
         int64_t j = idx[dim], P = c->off[r] + j;
@@ -169,18 +259,22 @@ static void run_case(halo_comm_t comm, const tcase *c) {
         if (r == 0 && j < R) v = add_bits(c->dtype, v, 0);
         uint64_t got = get_bits(gx + dot(nd, idx, gxst) * es, es);
         if (got != v) {
-            CHECK(0, "case %d (nd %d dim %d L %ld R %ld dtype %d layout %d): grad_x[%ld] pos %ld = %#lx, want %#lx", c->id, nd,
-                  dim, (long)L, (long)R, c->dtype, c->layout, (long)i, (long)j, (unsigned long)got, (unsigned long)v);
+            CHECK(0, "case %d (nd %d dim %d L %ld R %ld dtype %d layout %d mode %d): grad_x[%ld] pos %ld = %#lx, want %#lx", c->id, nd,
+                  dim, (long)L, (long)R, c->dtype, c->layout, c->mode, (long)i, (long)j, (unsigned long)got, (unsigned long)v);
             bad++;
         }
     }
     HALO_OK(halo_plan_destroy(plan));
-    if (c->layout != 2) {
+    if (c->layout != 2 || halos) {
         free(x);
         free(gx);
     }
     free(out);
     free(gout);
+    free(left);
+    free(right);
+    free(gleft);
+    free(gright);
 }
 
 static int run_rank(halo_comm_t comm) {
@@ -196,6 +290,7 @@ static int run_rank(halo_comm_t comm) {
                     c.nd = nd;
                     c.dim = dim;
                     c.layout = layout;
+                    c.mode = (c.id / 3) % NMODES;
                     c.dtype = (c.id + layout) % 4;
                     c.L = halos[h][0];
                     c.R = halos[h][1];
