@@ -187,7 +187,7 @@ func (b wireBatch) Test() (bool, error) {
 	done, err := b.b.Test()
 	return done, classify(err)
 }
-func (b wireBatch) Close() error                  { return classify(b.b.Close()) }
+func (b wireBatch) Close() error { return classify(b.b.Close()) }
 
 // classify maps an error of the ucx package onto halo's classes. A wait that
 // failed on several operations is classed by the first that applies, in the
