@@ -4,7 +4,15 @@
  *
  *   test_errors args        single process: argument validation
  *   test_errors mismatch    3 ranks, rank 2 disagrees on the dtype
- *   test_errors kill        2 ranks, rank 1 dies during an exchange */
+ *   test_errors kill        2 ranks, rank 1 dies during an exchange
+ *   test_errors async       2 ranks: misuse of start/test/wait, destroy with an
+ *                           exchange in flight
+ *   test_errors async_kill  3 ranks, rank 1 dies while the others have an
+ *                           exchange in flight: their waits fail in the deadline
+ *   test_errors abort       2 ranks, rank 0 blocked in an exchange that rank 1
+ *                           never joins; another thread aborts the communicator */
+#include <pthread.h>
+
 #include "launch.h"
 
 static void expect(halo_result_t got, halo_result_t want, const char *needle, const char *what) {
@@ -179,12 +187,124 @@ static int rank_kill(int port) {
     return g_failures ? 1 : 0;
 }
 
+static int rank_async(int port) {
+    halo_comm_t c = make_comm(port, 10000);
+    int64_t shape[2] = {8, 32};
+    halo_plan_params_t p = params(shape);
+    p.dim = 0;
+    halo_plan_t plan, doomed;
+    HALO_OK(halo_plan_create(c, &p, &plan));
+    HALO_OK(halo_plan_create(c, &p, &doomed));
+    static float x[8 * 32], out[10 * 32], gx[8 * 32], left[32], right[32];
+    int done = 0;
+    expect(halo_plan_wait(plan, HALO_DIR_FORWARD), HALO_ERR_INVALID_STATE, "no forward of plan 1 is in flight", "wait without start");
+    expect(halo_plan_test(plan, HALO_DIR_BACKWARD, &done), HALO_ERR_INVALID_STATE, "no backward of plan 1 is in flight", "test without start");
+    expect(halo_plan_wait(plan, (halo_direction_t)7), HALO_ERR_INVALID_ARGUMENT, "direction 7", "bad direction");
+    expect(halo_plan_halos_forward(plan, x, left, right), HALO_ERR_INVALID_ARGUMENT, "use forward and backward", "halos call on a padded plan");
+    HALO_OK(halo_plan_forward_start(plan, x, out));
+    expect(halo_plan_forward_start(plan, x, out), HALO_ERR_INVALID_STATE, "already in flight", "second start");
+    expect(halo_plan_forward(plan, x, out), HALO_ERR_INVALID_STATE, "already in flight", "blocking call while started");
+    expect(halo_plan_test(plan, HALO_DIR_FORWARD, NULL), HALO_ERR_INVALID_ARGUMENT, "done", "test with NULL done");
+    /* the other direction is independent, and so is the other plan */
+    HALO_OK(halo_plan_backward(plan, out, gx));
+    HALO_OK(halo_plan_forward(doomed, x, out));
+    while (!done) HALO_OK(halo_plan_test(plan, HALO_DIR_FORWARD, &done));
+    /* destroying a plan mid-exchange cancels it and fails the communicator,
+     * on the rank that did it; the peer's exchange then fails too */
+    HALO_OK(halo_plan_forward_start(doomed, x, out));
+    if (g_rank == 0) {
+        expect(halo_plan_destroy(doomed), HALO_ERR_INVALID_STATE, "destroyed while a forward was in flight", "destroy in flight");
+        expect(halo_plan_forward(plan, x, out), HALO_ERR_COMM_FAILED, NULL, "after a cancelled exchange");
+    } else {
+        halo_result_t rc = halo_plan_wait(doomed, HALO_DIR_FORWARD);
+        /* rank 0 may have sent before cancelling: success or a clean failure */
+        CHECK(rc == HALO_SUCCESS || rc == HALO_ERR_TIMEOUT || rc == HALO_ERR_PEER_FAILED, "peer of a cancelled exchange: %s: %s",
+              halo_strerror(rc), halo_last_error());
+    }
+    double t0 = now_s();
+    HALO_OK(halo_comm_destroy(c));
+    CHECK(now_s() - t0 < 5.0, "destroy took %.2f s", now_s() - t0);
+    return g_failures ? 1 : 0;
+}
+
+static int rank_async_kill(int port) {
+    const int64_t timeout_ms = 3000;
+    halo_comm_t c = make_comm(port, timeout_ms);
+    int64_t shape[2] = {64, 256};
+    halo_plan_params_t p = params(shape);
+    p.dim = 0;
+    p.left = p.right = 2;
+    halo_plan_t plan;
+    HALO_OK(halo_plan_create(c, &p, &plan));
+    static float x[64 * 256], out[68 * 256];
+    HALO_OK(halo_plan_forward(plan, x, out));
+    if (g_rank == 1) {
+        usleep(100000);
+        raise(SIGKILL); /* dies while the others' exchange is in flight */
+    }
+    double t0 = now_s();
+    HALO_OK(halo_plan_forward_start(plan, x, out));
+    usleep(300000); /* computing, while rank 1 dies */
+    halo_result_t rc = halo_plan_wait(plan, HALO_DIR_FORWARD);
+    double took = now_s() - t0;
+    CHECK(rc == HALO_ERR_TIMEOUT || rc == HALO_ERR_PEER_FAILED, "wait with a dead peer returned %s: %s", halo_strerror(rc), halo_last_error());
+    CHECK(strstr(halo_last_error(), "rank 1") != NULL, "message does not name rank 1: %s", halo_last_error());
+    CHECK(took < timeout_ms / 1000.0 + 2.0, "took %.2f s for a %ld ms deadline", took, (long)timeout_ms);
+    t0 = now_s();
+    HALO_OK(halo_comm_destroy(c));
+    CHECK(now_s() - t0 < 5.0, "destroy took %.2f s", now_s() - t0);
+    return g_failures ? 1 : 0;
+}
+
+static void *abort_later(void *comm) {
+    usleep(300000);
+    halo_result_t rc = halo_comm_abort((halo_comm_t)comm);
+    if (rc != HALO_SUCCESS) fprintf(stderr, "rank %d: halo_comm_abort: %s\n", g_rank, halo_last_error());
+    return NULL;
+}
+
+static int rank_abort(int port) {
+    const int64_t timeout_ms = 60000; /* far beyond the test's patience */
+    halo_comm_t c = make_comm(port, timeout_ms);
+    int64_t shape[2] = {4, 32};
+    halo_plan_params_t p = params(shape);
+    p.dim = 0;
+    halo_plan_t plan;
+    HALO_OK(halo_plan_create(c, &p, &plan));
+    static float x[4 * 32], out[6 * 32];
+    if (g_rank == 1) {
+        usleep(1500000); /* never joins the exchange rank 0 blocks in */
+        HALO_OK(halo_comm_destroy(c));
+        return 0;
+    }
+    pthread_t t;
+    pthread_create(&t, NULL, abort_later, c);
+    double t0 = now_s();
+    halo_result_t rc = halo_plan_forward(plan, x, out);
+    double took = now_s() - t0;
+    pthread_join(t, NULL);
+    CHECK(rc == HALO_ERR_COMM_FAILED, "blocked forward after abort returned %s: %s", halo_strerror(rc), halo_last_error());
+    CHECK(took < 0.3 + 0.5, "the blocked forward returned %.3f s after it began, the abort came at 0.3 s", took);
+    expect(halo_plan_forward(plan, x, out), HALO_ERR_COMM_FAILED, "aborted", "a call after the abort");
+    expect(halo_plan_create(c, &p, &plan), HALO_ERR_COMM_FAILED, "aborted", "a plan after the abort");
+    HALO_OK(halo_comm_abort(c)); /* idempotent */
+    t0 = now_s();
+    HALO_OK(halo_comm_destroy(c));
+    CHECK(now_s() - t0 < 1.0, "destroy after abort took %.2f s", now_s() - t0);
+    expect(halo_comm_abort(c), HALO_ERR_INVALID_HANDLE, NULL, "abort of a destroyed communicator");
+    printf("test_errors abort: the blocked forward returned %s after %.3f s\n", halo_strerror(rc), took);
+    return g_failures ? 1 : 0;
+}
+
 int main(int argc, char **argv) {
     int port = 0;
     setvbuf(stdout, NULL, _IOLBF, 0);
     const char *mode = argc > 1 ? argv[1] : "args";
     if (rank_args(argc, argv, &port)) {
         if (has_flag(argc, argv, "mismatch")) return rank_mismatch(port);
+        if (has_flag(argc, argv, "async")) return rank_async(port);
+        if (has_flag(argc, argv, "async_kill")) return rank_async_kill(port);
+        if (has_flag(argc, argv, "abort")) return rank_abort(port);
         return rank_kill(port);
     }
     if (!strcmp(mode, "args")) return test_args();
@@ -200,6 +320,17 @@ int main(int argc, char **argv) {
         printf("test_errors kill: %s\n", bad ? "FAILED" : "passed");
         return bad ? 1 : 0;
     }
-    fprintf(stderr, "usage: %s args|mismatch|kill\n", argv[0]);
+    if (!strcmp(mode, "async") || !strcmp(mode, "abort")) {
+        int bad = launch(argv[0], 2, 60, NULL, 1, extra);
+        printf("test_errors %s: %s\n", mode, bad ? "FAILED" : "passed");
+        return bad ? 1 : 0;
+    }
+    if (!strcmp(mode, "async_kill")) {
+        int sig[3] = {0, SIGKILL, 0};
+        int bad = launch(argv[0], 3, 60, sig, 1, extra);
+        printf("test_errors async_kill: %s\n", bad ? "FAILED" : "passed");
+        return bad ? 1 : 0;
+    }
+    fprintf(stderr, "usage: %s args|mismatch|kill|async|async_kill|abort\n", argv[0]);
     return 2;
 }
