@@ -25,10 +25,10 @@ extern "C" {
 
 /** @brief Version of this header. Compare with halo_version_number(). */
 #define HALO_VERSION_MAJOR 0
-#define HALO_VERSION_MINOR 1
+#define HALO_VERSION_MINOR 2
 #define HALO_VERSION_PATCH 0
 #define HALO_VERSION_NUMBER (HALO_VERSION_MAJOR * 10000 + HALO_VERSION_MINOR * 100 + HALO_VERSION_PATCH)
-#define HALO_VERSION_STRING "0.1.0"
+#define HALO_VERSION_STRING "0.2.0"
 
 /** @brief Result codes. Values are fixed forever; new ones are appended. */
 typedef enum halo_result {
@@ -157,7 +157,7 @@ typedef struct halo_plan_params {
 
 /** @brief Version of the loaded library, as HALO_VERSION_NUMBER. */
 int halo_version_number(void);
-/** @brief Version string of the loaded library, e.g. "0.1.0". */
+/** @brief Version string of the loaded library, e.g. "0.2.0". */
 const char *halo_version_string(void);
 
 /** @brief A static description of a result code. */

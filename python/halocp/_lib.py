@@ -1,4 +1,4 @@
-"""ctypes binding of libhalo's C ABI (include/halo.h, version 0.1).
+"""ctypes binding of libhalo's C ABI (include/halo.h, version 0.2).
 
 Only this module knows the shape of the C structs and the signatures; the rest
 of the package calls the small helpers at the bottom.
@@ -11,10 +11,10 @@ import os
 import threading
 from pathlib import Path
 
-# The ABI this module was written against: include/halo.h 0.1. These values
+# The ABI this module was written against: include/halo.h 0.2. These values
 # and the structs below are copies of the header; tests/python/test_abi.py
 # checks them against it.
-ABI_MAJOR, ABI_MINOR = 0, 1
+ABI_MAJOR, ABI_MINOR = 0, 2
 
 # halo_result_t
 SUCCESS = 0
@@ -52,6 +52,14 @@ PLAN_PARAM_OUT_STRIDES = 1 << 1
 PLAN_PARAM_GRAD_OUT_STRIDES = 1 << 2
 PLAN_PARAM_GRAD_X_STRIDES = 1 << 3
 PLAN_PARAM_PADDING = 1 << 4
+PLAN_PARAM_HALOS_ONLY = 1 << 5
+PLAN_PARAM_LEFT_STRIDES = 1 << 6
+PLAN_PARAM_RIGHT_STRIDES = 1 << 7
+PLAN_PARAM_GRAD_LEFT_STRIDES = 1 << 8
+PLAN_PARAM_GRAD_RIGHT_STRIDES = 1 << 9
+
+# halo_direction_t
+DIR_FORWARD, DIR_BACKWARD = 0, 1
 
 MAX_DIMS = 8
 
@@ -99,6 +107,11 @@ class PlanParams(ctypes.Structure):
         ("grad_out_strides", _Int64Array),
         ("grad_x_strides", _Int64Array),
         ("padding", ctypes.c_int),
+        ("halos_only", ctypes.c_int32),
+        ("left_strides", _Int64Array),
+        ("right_strides", _Int64Array),
+        ("grad_left_strides", _Int64Array),
+        ("grad_right_strides", _Int64Array),
     ]
 
 
@@ -159,6 +172,15 @@ def _declare(lib: ctypes.CDLL) -> None:
         "halo_plan_create": ([vp, ctypes.POINTER(PlanParams), ctypes.POINTER(vp)], c_int),
         "halo_plan_forward": ([vp, vp, vp], c_int),
         "halo_plan_backward": ([vp, vp, vp], c_int),
+        "halo_plan_halos_forward": ([vp, vp, vp, vp], c_int),
+        "halo_plan_halos_backward": ([vp, vp, vp, vp], c_int),
+        "halo_plan_forward_start": ([vp, vp, vp], c_int),
+        "halo_plan_backward_start": ([vp, vp, vp], c_int),
+        "halo_plan_halos_forward_start": ([vp, vp, vp, vp], c_int),
+        "halo_plan_halos_backward_start": ([vp, vp, vp, vp], c_int),
+        "halo_plan_test": ([vp, c_int, ctypes.POINTER(c_int)], c_int),
+        "halo_plan_wait": ([vp, c_int], c_int),
+        "halo_comm_abort": ([vp], c_int),
         "halo_plan_destroy": ([vp], c_int),
     }
     for name, (args, res) in sigs.items():
@@ -192,7 +214,7 @@ def lib() -> ctypes.CDLL:
 
 
 def version() -> str:
-    """The loaded library's version string, e.g. "0.1.0"."""
+    """The loaded library's version string, e.g. "0.2.0"."""
     return lib().halo_version_string().decode()
 
 
