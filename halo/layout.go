@@ -212,8 +212,9 @@ func (w *walk) each(fn func(off []int64)) {
 	}
 }
 
-// segments lists the byte ranges of operand 0 of a single-operand walk.
-func (w *walk) segments(elem int) []transport.Segment {
+// segments lists the byte ranges of operand 0 of a single-operand walk, in
+// base buffer base.
+func (w *walk) segments(elem, base int) []transport.Segment {
 	segs := make([]transport.Segment, 0, w.runs())
 	n := w.run * int64(elem)
 	w.each(func(off []int64) {
@@ -222,7 +223,7 @@ func (w *walk) segments(elem int) []transport.Segment {
 			segs[k-1].Len += n // runs that happen to touch
 			return
 		}
-		segs = append(segs, transport.Segment{Off: o, Len: n})
+		segs = append(segs, transport.Segment{Base: base, Off: o, Len: n})
 	})
 	return segs
 }

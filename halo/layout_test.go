@@ -52,7 +52,7 @@ func TestWalkAgainstBruteForce(t *testing.T) {
 			}
 		}
 		if k == 1 && total > 0 {
-			segs := w.segments(4)
+			segs := w.segments(4, 0)
 			var n int64
 			for _, s := range segs {
 				n += s.Len

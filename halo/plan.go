@@ -241,13 +241,13 @@ func (p *Plan) agree() ([]int64, error) {
 		var ops []transport.Op
 		for q := 0; q < W; q++ {
 			if q != me {
-				ops = append(ops, transport.Op{Peer: q, Tag: tag(0, phaseSetup), Base: 0,
+				ops = append(ops, transport.Op{Peer: q, Tag: tag(0, phaseSetup),
 					Segs: []transport.Segment{{Off: int64(q * recordSize), Len: recordSize}}})
 			}
 		}
 		for q := 0; q < W; q++ {
 			if q != me {
-				ops = append(ops, transport.Op{Peer: q, Tag: tag(0, phaseSetup), Send: true, Base: 0,
+				ops = append(ops, transport.Op{Peer: q, Tag: tag(0, phaseSetup), Send: true,
 					Segs: []transport.Segment{{Off: int64(W * recordSize), Len: recordSize}}})
 			}
 		}

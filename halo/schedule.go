@@ -264,7 +264,7 @@ func (p *Plan) sendOp(s *schedule, r region, lo, hi int64, peer int, tag uint64)
 		return nil, nil // empty tensor: both sides skip the message
 	}
 	if p.inPlace(&w) {
-		return &transport.Op{Peer: peer, Tag: tag, Send: true, Base: r.base, Segs: w.segments(p.elem)}, nil
+		return &transport.Op{Peer: peer, Tag: tag, Send: true, Segs: w.segments(p.elem, r.base)}, nil
 	}
 	bytes := w.runs() * w.run * int64(p.elem)
 	base, err := p.stage(s, bytes)
@@ -272,7 +272,7 @@ func (p *Plan) sendOp(s *schedule, r region, lo, hi int64, peer int, tag uint64)
 		return nil, err
 	}
 	s.pack = append(s.pack, local{w: newWalk(bx, [][]int64{ContiguousStrides(bx), r.strides}, []int64{0, o}), dst: base, src: r.base})
-	return &transport.Op{Peer: peer, Tag: tag, Send: true, Base: base, Segs: []transport.Segment{{Off: 0, Len: bytes}}}, nil
+	return &transport.Op{Peer: peer, Tag: tag, Send: true, Segs: []transport.Segment{{Base: base, Len: bytes}}}, nil
 }
 
 // recvOp prepares the receive of the padded slices [lo, hi) of region r: in
@@ -285,7 +285,7 @@ func (p *Plan) recvOp(s *schedule, r region, lo, hi int64, peer int, tag uint64,
 		return nil, nil
 	}
 	if !accumulate && p.inPlace(&w) {
-		return &transport.Op{Peer: peer, Tag: tag, Base: r.base, Segs: w.segments(p.elem)}, nil
+		return &transport.Op{Peer: peer, Tag: tag, Segs: w.segments(p.elem, r.base)}, nil
 	}
 	bytes := w.runs() * w.run * int64(p.elem)
 	base, err := p.stage(s, bytes)
@@ -298,5 +298,5 @@ func (p *Plan) recvOp(s *schedule, r region, lo, hi int64, peer int, tag uint64,
 	} else {
 		s.unpack = append(s.unpack, l)
 	}
-	return &transport.Op{Peer: peer, Tag: tag, Base: base, Segs: []transport.Segment{{Off: 0, Len: bytes}}}, nil
+	return &transport.Op{Peer: peer, Tag: tag, Segs: []transport.Segment{{Base: base, Len: bytes}}}, nil
 }

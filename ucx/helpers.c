@@ -344,12 +344,14 @@ hux_batch_t *hux_batch_new(hux_transport_t *t, int nops, int nsegs, int nbases)
     b->ops     = calloc((nops > 0) ? nops : 1, sizeof(*b->ops));
     b->bases   = calloc((nbases > 0) ? nbases : 1, sizeof(*b->bases));
     b->seg_off = calloc((nsegs > 0) ? nsegs : 1, sizeof(*b->seg_off));
+    b->seg_base = calloc((nsegs > 0) ? nsegs : 1, sizeof(*b->seg_base));
     b->iov     = calloc((nsegs > 0) ? nsegs : 1, sizeof(*b->iov));
     if ((b->ops == NULL) || (b->bases == NULL) || (b->seg_off == NULL) ||
-        (b->iov == NULL)) {
+        (b->seg_base == NULL) || (b->iov == NULL)) {
         free(b->ops);
         free(b->bases);
         free(b->seg_off);
+        free(b->seg_base);
         free(b->iov);
         free(b);
         return NULL;
@@ -401,7 +403,8 @@ void hux_batch_post(hux_batch_t *b)
         param.op_attr_mask = UCP_OP_ATTR_FIELD_DATATYPE;
         if (op->nseg > 1) {
             for (s = 0; s < op->nseg; ++s) {
-                op->iov[s].buffer = (void*)(bases[op->base] + op->seg_off[s]);
+                op->iov[s].buffer = (void*)(bases[op->seg_base[s]] +
+                                            op->seg_off[s]);
             }
             buf            = op->iov;
             count          = op->nseg;
@@ -679,6 +682,7 @@ void hux_batch_destroy(hux_batch_t *b)
         free(b->iov);
     }
     free(b->seg_off);
+    free(b->seg_base);
     free(b);
 }
 

@@ -55,9 +55,10 @@ typedef struct hux_op {
     ucp_tag_t     tag;       /* wire tag (sender rank in the top bits) */
     int32_t       peer;
     int32_t       is_send;
-    int32_t       base;      /* index into hux_batch_t.bases */
+    int32_t       base;      /* base (index into hux_batch_t.bases) of the only segment when nseg <= 1 */
     int32_t       nseg;
     int64_t       off;       /* offset of the only segment when nseg <= 1 */
+    int32_t      *seg_base;  /* nseg bases when nseg > 1 */
     size_t        bytes;     /* sum of the segment lengths */
     int64_t      *seg_off;   /* nseg offsets when nseg > 1 */
     ucp_dt_iov_t *iov;       /* nseg entries when nseg > 1 */
@@ -80,6 +81,7 @@ typedef struct hux_batch {
     uintptr_t       *bases;   /* nbases entries, written by Go before a post */
     int              nbases;
     int64_t         *seg_off; /* pool for the ops' seg_off arrays */
+    int32_t         *seg_base; /* pool for the ops' seg_base arrays */
     ucp_dt_iov_t    *iov;     /* pool for the ops' iov arrays */
 } hux_batch_t;
 

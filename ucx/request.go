@@ -60,7 +60,9 @@ func (t *Transport) Prepare(ops []transport.Op) (*Batch, error) {
 		if len(op.Segs) > 1 {
 			nsegs += len(op.Segs)
 		}
-		nbases = max(nbases, op.Base+1)
+		for _, s := range op.Segs {
+			nbases = max(nbases, s.Base+1)
+		}
 	}
 	for i, op := range ops {
 		if op.Send {
@@ -80,6 +82,7 @@ func (t *Transport) Prepare(ops []transport.Op) (*Batch, error) {
 		info:  make([]opInfo, len(ops)),
 	}
 	segOff := unsafe.Slice(c.seg_off, max(nsegs, 1))
+	segBase := unsafe.Slice(c.seg_base, max(nsegs, 1))
 	iov := unsafe.Slice(c.iov, max(nsegs, 1))
 	next := 0
 	for j, i := range order {
@@ -99,19 +102,21 @@ func (t *Transport) Prepare(ops []transport.Op) (*Batch, error) {
 		if op.Send {
 			co.is_send = 1
 		}
-		co.base = C.int32_t(op.Base)
 		co.nseg = C.int32_t(len(op.Segs))
 		co.bytes = C.size_t(bytes)
 		co.status = C.UCS_OK
 		switch len(op.Segs) {
 		case 0:
 		case 1:
+			co.base = C.int32_t(op.Segs[0].Base)
 			co.off = C.int64_t(op.Segs[0].Off)
 		default:
 			co.seg_off = &segOff[next]
+			co.seg_base = &segBase[next]
 			co.iov = &iov[next]
 			for k, s := range op.Segs {
 				segOff[next+k] = C.int64_t(s.Off)
+				segBase[next+k] = C.int32_t(s.Base)
 				iov[next+k].length = C.size_t(s.Len)
 			}
 			next += len(op.Segs)
@@ -128,15 +133,13 @@ func (t *Transport) checkOp(op transport.Op) error {
 		return fmt.Errorf("peer %d is not a rank of a group of %d", op.Peer, t.size)
 	case op.Peer == t.rank:
 		return fmt.Errorf("peer %d is this rank", op.Peer)
-	case op.Base < 0:
-		return fmt.Errorf("negative base index %d", op.Base)
 	case t.rankBits > 0 && op.Tag>>(64-t.rankBits) != 0:
 		return fmt.Errorf("tag %#x does not fit in %d bits", op.Tag, 64-t.rankBits)
 	}
 	var total int64
 	for k, s := range op.Segs {
-		if s.Off < 0 || s.Len < 0 {
-			return fmt.Errorf("segment %d has a negative offset or length", k)
+		if s.Base < 0 || s.Off < 0 || s.Len < 0 {
+			return fmt.Errorf("segment %d has a negative base, offset or length", k)
 		}
 		total += s.Len
 		if total < 0 {
@@ -155,7 +158,7 @@ func (t *Transport) wireTag(tag uint64, sender int) uint64 {
 }
 
 // Post starts every operation, receives first, with segment addresses
-// bases[op.Base]+seg.Off. The memory must stay valid until Wait returns.
+// bases[seg.Base]+seg.Off. The memory must stay valid until Wait returns.
 // Operations that cannot start (for example because their peer has failed)
 // are reported by Wait.
 func (b *Batch) Post(bases []uintptr) error {

@@ -149,18 +149,23 @@ func TestIOV(t *testing.T) {
 			fill(src.Bytes(), 3)
 
 			// Every other segLen-byte slab of src, into dst as 4 larger
-			// segments in reverse order of address, through a second base.
+			// segments in reverse order of address, through two more bases
+			// that point into dst differently (one message, several tensors).
 			var sendSegs, recvSegs []Segment
 			for i := int64(0); i < nseg; i++ {
 				sendSegs = append(sendSegs, Segment{Off: i * stride, Len: segLen})
 			}
 			quarter := nseg * segLen / 4
 			for i := int64(3); i >= 0; i-- {
-				recvSegs = append(recvSegs, Segment{Off: i * quarter, Len: quarter})
+				if i%2 == 0 {
+					recvSegs = append(recvSegs, Segment{Base: 1, Off: i * quarter, Len: quarter})
+				} else {
+					recvSegs = append(recvSegs, Segment{Base: 2, Off: segLen + i*quarter, Len: quarter})
+				}
 			}
 			sb := prepare(t, a, []Op{{Peer: 1, Tag: 5, Send: true, Segs: sendSegs}})
-			rb := prepare(t, b, []Op{{Peer: 0, Tag: 5, Base: 1, Segs: recvSegs}})
-			for _, err := range run(5*time.Second, []*Batch{sb, rb}, [][]uintptr{{src.Addr()}, {0, dst.Addr() + uintptr(segLen)}}) {
+			rb := prepare(t, b, []Op{{Peer: 0, Tag: 5, Segs: recvSegs}})
+			for _, err := range run(5*time.Second, []*Batch{sb, rb}, [][]uintptr{{src.Addr()}, {0, dst.Addr() + uintptr(segLen), dst.Addr()}}) {
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -171,7 +176,11 @@ func TestIOV(t *testing.T) {
 			}
 			var got []byte
 			for _, s := range recvSegs {
-				got = append(got, dst.Bytes()[segLen+s.Off:segLen+s.Off+s.Len]...)
+				at := s.Off // base 2 is dst itself, base 1 dst+segLen
+				if s.Base == 1 {
+					at += segLen
+				}
+				got = append(got, dst.Bytes()[at:at+s.Len]...)
 			}
 			if !bytes.Equal(got, want) {
 				t.Fatal("IOV data mismatch")

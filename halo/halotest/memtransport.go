@@ -102,7 +102,7 @@ func (b *memBatch) Post(bases []uintptr) error {
 		}
 		var msg []byte
 		for _, s := range op.Segs {
-			msg = append(msg, unsafe.Slice((*byte)(at(bases[op.Base], s.Off)), s.Len)...)
+			msg = append(msg, unsafe.Slice((*byte)(at(bases[s.Base], s.Off)), s.Len)...)
 		}
 		k := memKey{b.t.rank, op.Tag}
 		h.boxes[op.Peer][k] = append(h.boxes[op.Peer][k], msg)
@@ -169,7 +169,7 @@ func (b *memBatch) poll() (<-chan struct{}, []string, error) {
 			return nil, nil, fmt.Errorf("%w: recv from rank %d (tag %#x): message length %d, expected %d", halo.ErrTransport, op.Peer, op.Tag, len(msg), want)
 		}
 		for _, s := range op.Segs {
-			copy(unsafe.Slice((*byte)(at(b.bases[op.Base], s.Off)), s.Len), msg[:s.Len])
+			copy(unsafe.Slice((*byte)(at(b.bases[s.Base], s.Off)), s.Len), msg[:s.Len])
 			msg = msg[s.Len:]
 		}
 	}

@@ -34,10 +34,13 @@ type Buffer interface {
 	Free() error
 }
 
-// Segment is a byte range at an offset from an Op's base buffer.
+// Segment is a byte range at an offset from one of the base buffers passed
+// to Batch.Post. The segments of one message may lie in different buffers:
+// that is how one message carries the slabs of several tensors.
 type Segment struct {
-	Off int64
-	Len int64
+	Base int // index into the bases passed to Batch.Post
+	Off  int64
+	Len  int64
 }
 
 // Op is one tagged message. A receive matches only a message from its Peer
@@ -49,7 +52,6 @@ type Op struct {
 	Peer int
 	Tag  uint64
 	Send bool
-	Base int // index into the bases passed to Batch.Post
 	Segs []Segment
 }
 
