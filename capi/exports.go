@@ -188,84 +188,113 @@ func haloGoCommDestroy(h C.uintptr_t, eb *C.char, el C.size_t) C.int {
 // readInts copies n int64s from C; the caller has validated n.
 func readInts(p *C.int64_t, n int, name string) ([]int64, error) {
 	if p == nil {
-		return nil, invalid("params->%s is NULL", name)
+		return nil, fmt.Errorf("params->%s is NULL", name)
 	}
 	return append([]int64(nil), unsafe.Slice((*int64)(unsafe.Pointer(p)), n)...), nil
 }
 
 //export haloGoPlanCreate
 func haloGoPlanCreate(h C.uintptr_t, p *C.halo_plan_params_t, out *C.halo_plan_t, eb *C.char, el C.size_t) C.int {
-	return export(eb, el, func() error {
-		e, err := lookupComm(uintptr(h))
-		if err != nil {
-			return err
+	return export(eb, el, func() error { return createPlan(h, 1, p, out, false) })
+}
+
+//export haloGoPlanCreateMulti
+func haloGoPlanCreateMulti(h C.uintptr_t, count C.int, p *C.halo_plan_params_t, out *C.halo_plan_t, eb *C.char, el C.size_t) C.int {
+	return export(eb, el, func() error { return createPlan(h, int(count), p, out, true) })
+}
+
+// createPlan reads count parameter structs and creates one plan over them.
+func createPlan(h C.uintptr_t, count int, p *C.halo_plan_params_t, out *C.halo_plan_t, multi bool) error {
+	e, err := lookupComm(uintptr(h))
+	if err != nil {
+		return err
+	}
+	if p == nil || out == nil {
+		return invalid("rank %d: params or plan (the output pointer) is NULL", e.c.Rank())
+	}
+	if count < 1 || count > halo.MaxLayouts {
+		return invalid("rank %d: count %d is out of range [1, %d]", e.c.Rank(), count, halo.MaxLayouts)
+	}
+	specs := make([]halo.Spec, count)
+	for k, cp := range unsafe.Slice(p, count) {
+		pre := ""
+		if multi {
+			pre = fmt.Sprintf("params[%d]: ", k)
 		}
-		if p == nil || out == nil {
-			return invalid("rank %d: params or plan (the output pointer) is NULL", e.c.Rank())
+		if specs[k], err = readSpec(&cp, pre); err != nil {
+			return invalid("rank %d: %v", e.c.Rank(), err)
 		}
-		m := p.field_mask
-		if m&^planParamsKnown != 0 {
-			return invalid("rank %d: params->field_mask has unknown bits %#x", e.c.Rank(), uint64(m&^planParamsKnown))
-		}
-		nd := int(p.ndim)
-		if nd < 1 || nd > halo.MaxDims {
-			return invalid("rank %d: ndim %d is out of range [1, %d]", e.c.Rank(), nd, halo.MaxDims)
-		}
-		spec := halo.Spec{DType: halo.DType(p.dtype), Dim: int(p.dim), Left: int64(p.left), Right: int64(p.right)}
-		if spec.Shape, err = readInts(p.shape, nd, "shape"); err != nil {
-			return err
-		}
-		for _, s := range []struct {
-			bit  C.uint64_t
-			src  *C.int64_t
-			dst  *[]int64
-			name string
-		}{
-			{C.HALO_PLAN_PARAM_X_STRIDES, p.x_strides, &spec.XStrides, "x_strides"},
-			{C.HALO_PLAN_PARAM_OUT_STRIDES, p.out_strides, &spec.OutStrides, "out_strides"},
-			{C.HALO_PLAN_PARAM_GRAD_OUT_STRIDES, p.grad_out_strides, &spec.GradOutStrides, "grad_out_strides"},
-			{C.HALO_PLAN_PARAM_GRAD_X_STRIDES, p.grad_x_strides, &spec.GradXStrides, "grad_x_strides"},
-			{C.HALO_PLAN_PARAM_LEFT_STRIDES, p.left_strides, &spec.LeftStrides, "left_strides"},
-			{C.HALO_PLAN_PARAM_RIGHT_STRIDES, p.right_strides, &spec.RightStrides, "right_strides"},
-			{C.HALO_PLAN_PARAM_GRAD_LEFT_STRIDES, p.grad_left_strides, &spec.GradLeftStrides, "grad_left_strides"},
-			{C.HALO_PLAN_PARAM_GRAD_RIGHT_STRIDES, p.grad_right_strides, &spec.GradRightStrides, "grad_right_strides"},
-		} {
-			if m&s.bit != 0 {
-				if *s.dst, err = readInts(s.src, nd, s.name); err != nil {
-					return err
-				}
+	}
+	plan, err := e.c.NewMultiPlan(specs)
+	if err != nil {
+		return err
+	}
+	registry.Lock()
+	ph := newHandle(kindPlan)
+	pe := &planEntry{p: plan, comm: uintptr(h)}
+	registry.plans[ph] = pe
+	e.plans[ph] = pe
+	registry.Unlock()
+	*out = *(*C.halo_plan_t)(unsafe.Pointer(&ph))
+	return nil
+}
+
+// readSpec turns one halo_plan_params_t into a layout; its errors are
+// messages to prefix with the rank (pre names the struct of a multi plan).
+func readSpec(p *C.halo_plan_params_t, pre string) (halo.Spec, error) {
+	var spec halo.Spec
+	m := p.field_mask
+	if m&^planParamsKnown != 0 {
+		return spec, fmt.Errorf("%sfield_mask has unknown bits %#x", pre, uint64(m&^planParamsKnown))
+	}
+	nd := int(p.ndim)
+	if nd < 1 || nd > halo.MaxDims {
+		return spec, fmt.Errorf("%sndim %d is out of range [1, %d]", pre, nd, halo.MaxDims)
+	}
+	spec = halo.Spec{DType: halo.DType(p.dtype), Dim: int(p.dim), Left: int64(p.left), Right: int64(p.right)}
+	var err error
+	if spec.Shape, err = readInts(p.shape, nd, pre+"shape"); err != nil {
+		return spec, err
+	}
+	for _, s := range []struct {
+		bit  C.uint64_t
+		src  *C.int64_t
+		dst  *[]int64
+		name string
+	}{
+		{C.HALO_PLAN_PARAM_X_STRIDES, p.x_strides, &spec.XStrides, "x_strides"},
+		{C.HALO_PLAN_PARAM_OUT_STRIDES, p.out_strides, &spec.OutStrides, "out_strides"},
+		{C.HALO_PLAN_PARAM_GRAD_OUT_STRIDES, p.grad_out_strides, &spec.GradOutStrides, "grad_out_strides"},
+		{C.HALO_PLAN_PARAM_GRAD_X_STRIDES, p.grad_x_strides, &spec.GradXStrides, "grad_x_strides"},
+		{C.HALO_PLAN_PARAM_LEFT_STRIDES, p.left_strides, &spec.LeftStrides, "left_strides"},
+		{C.HALO_PLAN_PARAM_RIGHT_STRIDES, p.right_strides, &spec.RightStrides, "right_strides"},
+		{C.HALO_PLAN_PARAM_GRAD_LEFT_STRIDES, p.grad_left_strides, &spec.GradLeftStrides, "grad_left_strides"},
+		{C.HALO_PLAN_PARAM_GRAD_RIGHT_STRIDES, p.grad_right_strides, &spec.GradRightStrides, "grad_right_strides"},
+	} {
+		if m&s.bit != 0 {
+			if *s.dst, err = readInts(s.src, nd, pre+s.name); err != nil {
+				return spec, err
 			}
 		}
-		if m&C.HALO_PLAN_PARAM_PADDING != 0 {
-			spec.Padding = halo.Padding(p.padding)
+	}
+	if m&C.HALO_PLAN_PARAM_PADDING != 0 {
+		spec.Padding = halo.Padding(p.padding)
+	}
+	if m&C.HALO_PLAN_PARAM_HALOS_ONLY != 0 {
+		switch p.halos_only {
+		case 0, 1:
+			spec.HalosOnly = p.halos_only == 1
+		default:
+			return spec, fmt.Errorf("%shalos_only is %d, want 0 or 1", pre, int32(p.halos_only))
 		}
-		if m&C.HALO_PLAN_PARAM_HALOS_ONLY != 0 {
-			switch p.halos_only {
-			case 0, 1:
-				spec.HalosOnly = p.halos_only == 1
-			default:
-				return invalid("rank %d: params->halos_only is %d, want 0 or 1", e.c.Rank(), int32(p.halos_only))
-			}
-		}
-		if !spec.HalosOnly && m&(C.HALO_PLAN_PARAM_LEFT_STRIDES|C.HALO_PLAN_PARAM_RIGHT_STRIDES|C.HALO_PLAN_PARAM_GRAD_LEFT_STRIDES|C.HALO_PLAN_PARAM_GRAD_RIGHT_STRIDES) != 0 {
-			return invalid("rank %d: halo tensor strides are set for a plan with a padded output (set halos_only)", e.c.Rank())
-		}
-		if spec.HalosOnly && m&(C.HALO_PLAN_PARAM_OUT_STRIDES|C.HALO_PLAN_PARAM_GRAD_OUT_STRIDES) != 0 {
-			return invalid("rank %d: a halos-only plan has no out or grad_out: unset their strides", e.c.Rank())
-		}
-		plan, err := e.c.NewPlan(spec)
-		if err != nil {
-			return err
-		}
-		registry.Lock()
-		ph := newHandle(kindPlan)
-		pe := &planEntry{p: plan, comm: uintptr(h)}
-		registry.plans[ph] = pe
-		e.plans[ph] = pe
-		registry.Unlock()
-		*out = *(*C.halo_plan_t)(unsafe.Pointer(&ph))
-		return nil
-	})
+	}
+	if !spec.HalosOnly && m&(C.HALO_PLAN_PARAM_LEFT_STRIDES|C.HALO_PLAN_PARAM_RIGHT_STRIDES|C.HALO_PLAN_PARAM_GRAD_LEFT_STRIDES|C.HALO_PLAN_PARAM_GRAD_RIGHT_STRIDES) != 0 {
+		return spec, fmt.Errorf("%shalo tensor strides are set for a plan with a padded output (set halos_only)", pre)
+	}
+	if spec.HalosOnly && m&(C.HALO_PLAN_PARAM_OUT_STRIDES|C.HALO_PLAN_PARAM_GRAD_OUT_STRIDES) != 0 {
+		return spec, fmt.Errorf("%sa halos-only plan has no out or grad_out: unset their strides", pre)
+	}
+	return spec, nil
 }
 
 // Plan calls, by number: the blocking and the start calls take the same
@@ -312,6 +341,50 @@ func haloGoPlanStart(h C.uintptr_t, call C.int, a, b, c unsafe.Pointer, eb *C.ch
 			return pe.p.HalosForwardStart(a, b, c)
 		}
 		return pe.p.HalosBackwardStart(a, b, c)
+	})
+}
+
+//export haloGoPlanMulti
+func haloGoPlanMulti(h C.uintptr_t, call, start C.int, a, b, c *unsafe.Pointer, eb *C.char, el C.size_t) C.int {
+	return export(eb, el, func() error {
+		pe, err := lookupPlan(uintptr(h))
+		if err != nil {
+			return err
+		}
+		K := len(pe.p.Specs())
+		arg := func(p *unsafe.Pointer, name string) ([]unsafe.Pointer, error) {
+			if p == nil {
+				return nil, invalid("rank %d: the array of %s is NULL", pe.p.Rank(), name)
+			}
+			return unsafe.Slice(p, K), nil
+		}
+		names := [4][3]string{{"x", "out"}, {"grad_out", "grad_x"}, {"x", "left", "right"}, {"grad_left", "grad_right", "grad_x"}}[call]
+		var xs [3][]unsafe.Pointer
+		for i, p := range []*unsafe.Pointer{a, b, c} {
+			if names[i] == "" {
+				continue
+			}
+			if xs[i], err = arg(p, names[i]); err != nil {
+				return err
+			}
+		}
+		switch {
+		case call == callForward && start == 0:
+			return pe.p.ForwardMulti(xs[0], xs[1])
+		case call == callForward:
+			return pe.p.ForwardMultiStart(xs[0], xs[1])
+		case call == callBackward && start == 0:
+			return pe.p.BackwardMulti(xs[0], xs[1])
+		case call == callBackward:
+			return pe.p.BackwardMultiStart(xs[0], xs[1])
+		case call == callHalosForward && start == 0:
+			return pe.p.HalosForwardMulti(xs[0], xs[1], xs[2])
+		case call == callHalosForward:
+			return pe.p.HalosForwardMultiStart(xs[0], xs[1], xs[2])
+		case start == 0:
+			return pe.p.HalosBackwardMulti(xs[0], xs[1], xs[2])
+		}
+		return pe.p.HalosBackwardMultiStart(xs[0], xs[1], xs[2])
 	})
 }
 

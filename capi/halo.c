@@ -116,6 +116,29 @@ halo_result_t halo_comm_abort(halo_comm_t comm) {
     return (halo_result_t)haloGoCommAbort((uintptr_t)comm, error_buffer(), HALO_ERRLEN);
 }
 
+halo_result_t halo_plan_create_multi(halo_comm_t comm, int count, const halo_plan_params_t *params, halo_plan_t *plan) {
+    return (halo_result_t)haloGoPlanCreateMulti((uintptr_t)comm, count, (halo_plan_params_t *)params, plan, error_buffer(), HALO_ERRLEN);
+}
+
+#define HALO_MULTI(name, call, start, A, B, C)                                                             \
+    halo_result_t name(halo_plan_t plan, A, B, C) {                                                       \
+        return (halo_result_t)haloGoPlanMulti((uintptr_t)plan, call, start, (void **)a, (void **)b, (void **)c, \
+                                              error_buffer(), HALO_ERRLEN);                                \
+    }
+#define HALO_MULTI2(name, call, start, A, B)                                                                     \
+    halo_result_t name(halo_plan_t plan, A, B) {                                                                \
+        return (halo_result_t)haloGoPlanMulti((uintptr_t)plan, call, start, (void **)a, (void **)b, NULL, error_buffer(), \
+                                              HALO_ERRLEN);                                                      \
+    }
+HALO_MULTI2(halo_plan_forward_multi, 0, 0, const void *const *a, void *const *b)
+HALO_MULTI2(halo_plan_backward_multi, 1, 0, const void *const *a, void *const *b)
+HALO_MULTI(halo_plan_halos_forward_multi, 2, 0, const void *const *a, void *const *b, void *const *c)
+HALO_MULTI(halo_plan_halos_backward_multi, 3, 0, const void *const *a, const void *const *b, void *const *c)
+HALO_MULTI2(halo_plan_forward_multi_start, 0, 1, const void *const *a, void *const *b)
+HALO_MULTI2(halo_plan_backward_multi_start, 1, 1, const void *const *a, void *const *b)
+HALO_MULTI(halo_plan_halos_forward_multi_start, 2, 1, const void *const *a, void *const *b, void *const *c)
+HALO_MULTI(halo_plan_halos_backward_multi_start, 3, 1, const void *const *a, const void *const *b, void *const *c)
+
 halo_result_t halo_plan_destroy(halo_plan_t plan) {
     return (halo_result_t)haloGoPlanDestroy((uintptr_t)plan, error_buffer(), HALO_ERRLEN);
 }

@@ -117,6 +117,11 @@ func (c *Comm) Connect(addrs [][]byte) error {
 
 // NewPlan creates a plan collectively (see halo.Group.NewPlan).
 func (c *Comm) NewPlan(spec halo.Spec) (*halo.Plan, error) {
+	return c.NewMultiPlan([]halo.Spec{spec})
+}
+
+// NewMultiPlan creates a plan over several layouts (halo.Group.NewMultiPlan).
+func (c *Comm) NewMultiPlan(specs []halo.Spec) (*halo.Plan, error) {
 	c.mu.Lock()
 	g, closed := c.g, c.closed
 	c.mu.Unlock()
@@ -126,7 +131,7 @@ func (c *Comm) NewPlan(spec halo.Spec) (*halo.Plan, error) {
 	if g == nil {
 		return nil, fmt.Errorf("%w: rank %d: the communicator is not connected yet (call connect with every rank's address)", halo.ErrState, c.cfg.Rank)
 	}
-	return g.NewPlan(spec)
+	return g.NewMultiPlan(specs)
 }
 
 // Abort stops the communicator from any goroutine, also while another one

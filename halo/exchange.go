@@ -102,11 +102,83 @@ func (p *Plan) Test(d Direction) (done bool, err error) {
 	return true, nil
 }
 
+// Messages is how many messages one exchange of direction d sends and
+// receives: one per peer and kind, whatever the number of layouts.
+func (p *Plan) Messages(d Direction) int {
+	s, err := p.schedule(d)
+	if err != nil {
+		return 0
+	}
+	return s.nmsg
+}
+
 // InFlight reports whether an exchange of direction d is started and not yet
 // finished.
 func (p *Plan) InFlight(d Direction) bool {
 	s, err := p.schedule(d)
 	return err == nil && s.inFlight
+}
+
+// The multi-layout calls take one tensor per layout in each argument, in the
+// order of the layouts given to NewMultiPlan; otherwise they are the calls
+// above.
+func (p *Plan) ForwardMulti(xs, outs []unsafe.Pointer) error {
+	return p.runMulti(&p.fwd, false, xs, outs, nil, true)
+}
+
+func (p *Plan) BackwardMulti(gradOuts, gradXs []unsafe.Pointer) error {
+	return p.runMulti(&p.bwd, false, gradOuts, gradXs, nil, true)
+}
+
+func (p *Plan) HalosForwardMulti(xs, lefts, rights []unsafe.Pointer) error {
+	return p.runMulti(&p.fwd, true, xs, lefts, rights, true)
+}
+
+func (p *Plan) HalosBackwardMulti(gradLefts, gradRights, gradXs []unsafe.Pointer) error {
+	return p.runMulti(&p.bwd, true, gradLefts, gradXs, gradRights, true)
+}
+
+func (p *Plan) ForwardMultiStart(xs, outs []unsafe.Pointer) error {
+	return p.runMulti(&p.fwd, false, xs, outs, nil, false)
+}
+
+func (p *Plan) BackwardMultiStart(gradOuts, gradXs []unsafe.Pointer) error {
+	return p.runMulti(&p.bwd, false, gradOuts, gradXs, nil, false)
+}
+
+func (p *Plan) HalosForwardMultiStart(xs, lefts, rights []unsafe.Pointer) error {
+	return p.runMulti(&p.fwd, true, xs, lefts, rights, false)
+}
+
+func (p *Plan) HalosBackwardMultiStart(gradLefts, gradRights, gradXs []unsafe.Pointer) error {
+	return p.runMulti(&p.bwd, true, gradLefts, gradXs, gradRights, false)
+}
+
+// runMulti starts (and with wait, finishes) s with per-layout tensors: a, b
+// and c are the layouts' bases 0, 1 and 2.
+func (p *Plan) runMulti(s *schedule, halos bool, a, b, c []unsafe.Pointer, wait bool) error {
+	if err := p.startable(s, halos); err != nil {
+		return err
+	}
+	K, per := len(p.specs), s.fixed/len(p.specs)
+	for _, arg := range [][]unsafe.Pointer{a, b, c}[:per] {
+		if len(arg) != K {
+			return fmt.Errorf("%w: rank %d: %s of plan %d: %d tensors for %d layouts", ErrInvalid, p.g.Rank(), s.what, p.id, len(arg), K)
+		}
+	}
+	for k := 0; k < K; k++ {
+		s.args[per*k], s.args[per*k+1] = a[k], b[k]
+		if per == 3 {
+			s.args[per*k+2] = c[k]
+		}
+	}
+	if err := p.startWith(s, s.args); err != nil {
+		return err
+	}
+	if !wait {
+		return nil
+	}
+	return p.wait(s)
 }
 
 func (p *Plan) run(s *schedule, halos bool, t0, t1, t2 unsafe.Pointer) error {
@@ -121,12 +193,24 @@ func (p *Plan) run(s *schedule, halos bool, t0, t1, t2 unsafe.Pointer) error {
 // nothing from the wire (padding, the interior, the edge ranks' +0) while
 // the messages travel.
 func (p *Plan) start(s *schedule, halos bool, t0, t1, t2 unsafe.Pointer) error {
+	if err := p.startable(s, halos); err != nil {
+		return err
+	}
+	if len(p.specs) != 1 {
+		return fmt.Errorf("%w: rank %d: plan %d has %d layouts: pass one tensor per layout (the multi calls)", ErrInvalid, p.g.Rank(), p.id, len(p.specs))
+	}
+	ptrs := [3]unsafe.Pointer{t0, t1, t2}
+	return p.startWith(s, ptrs[:s.fixed])
+}
+
+// startable checks that s may start now, with calls of the plan's kind.
+func (p *Plan) startable(s *schedule, halos bool) error {
 	me := p.g.Rank()
 	if p.closed {
 		return fmt.Errorf("rank %d: %s on plan %d: %w", me, s.what, p.id, ErrClosed)
 	}
-	if halos != p.spec.HalosOnly {
-		if p.spec.HalosOnly {
+	if halos != p.specs[0].HalosOnly {
+		if p.specs[0].HalosOnly {
 			return fmt.Errorf("%w: rank %d: plan %d is halos-only: use the halos calls", ErrInvalid, me, p.id)
 		}
 		return fmt.Errorf("%w: rank %d: plan %d has a padded output: use forward and backward", ErrInvalid, me, p.id)
@@ -134,25 +218,27 @@ func (p *Plan) start(s *schedule, halos bool, t0, t1, t2 unsafe.Pointer) error {
 	if s.inFlight {
 		return fmt.Errorf("%w: rank %d: a %s of plan %d is already in flight (wait for it first)", ErrState, me, s.what, p.id)
 	}
-	if err := p.g.usable(); err != nil {
-		return err
-	}
-	ptrs := [3]unsafe.Pointer{t0, t1, t2}
+	return p.g.usable()
+}
+
+// startWith starts s with the fixed bases given (every layout's, in order).
+func (p *Plan) startWith(s *schedule, ptrs []unsafe.Pointer) error {
+	me := p.g.Rank()
 	for i, name := range s.names {
 		if ptrs[i] == nil && s.ext[i] > 0 {
 			return fmt.Errorf("%w: rank %d: %s of plan %d: %s is NULL", ErrInvalid, me, s.what, p.id, name)
 		}
 	}
-	aliased, err := p.aliasing(s, ptrs[:s.fixed])
-	if err != nil {
+	if err := p.aliasing(s, ptrs); err != nil {
 		return fmt.Errorf("%w: rank %d: %s of plan %d: %v", ErrInvalid, me, s.what, p.id, err)
 	}
 	for i := 0; i < s.fixed; i++ {
 		s.ptrs[i], s.bases[i] = ptrs[i], uintptr(ptrs[i])
 	}
-	x, dt := p.g.exec, p.spec.DType
+	x := p.g.exec
 	for i := range s.pack {
-		x.copy(&s.pack[i].w, p.elem, s.ptrs[s.pack[i].dst], s.ptrs[s.pack[i].src])
+		l := &s.pack[i]
+		x.copy(&l.w, l.elem, s.ptrs[l.dst], s.ptrs[l.src])
 	}
 	if s.batch != nil {
 		if err := s.batch.Post(s.bases); err != nil {
@@ -160,15 +246,17 @@ func (p *Plan) start(s *schedule, halos bool, t0, t1, t2 unsafe.Pointer) error {
 		}
 	}
 	for i := range s.zero {
-		x.zero(&s.zero[i].w, p.elem, s.ptrs[s.zero[i].dst])
+		l := &s.zero[i]
+		x.zero(&l.w, l.elem, s.ptrs[l.dst])
 	}
-	if !aliased {
-		for i := range s.copyIn {
-			x.copy(&s.copyIn[i].w, p.elem, s.ptrs[s.copyIn[i].dst], s.ptrs[s.copyIn[i].src])
+	for i := range s.copyIn {
+		if l := &s.copyIn[i]; !s.aliased[l.layout] {
+			x.copy(&l.w, l.elem, s.ptrs[l.dst], s.ptrs[l.src])
 		}
 	}
 	for i := range s.addZero {
-		x.addZero(&s.addZero[i].w, dt, s.ptrs[s.addZero[i].dst])
+		l := &s.addZero[i]
+		x.addZero(&l.w, l.dt, s.ptrs[l.dst])
 	}
 	s.inFlight = true
 	return nil
@@ -198,12 +286,14 @@ func (p *Plan) wait(s *schedule) error {
 
 // complete unpacks and adds what arrived, in the order of the output.
 func (p *Plan) complete(s *schedule) {
-	x, dt := p.g.exec, p.spec.DType
+	x := p.g.exec
 	for i := range s.unpack {
-		x.copy(&s.unpack[i].w, p.elem, s.ptrs[s.unpack[i].dst], s.ptrs[s.unpack[i].src])
+		l := &s.unpack[i]
+		x.copy(&l.w, l.elem, s.ptrs[l.dst], s.ptrs[l.src])
 	}
 	for i := range s.add {
-		x.add(&s.add[i].w, dt, s.ptrs[s.add[i].dst], s.ptrs[s.add[i].src])
+		l := &s.add[i]
+		x.add(&l.w, l.dt, s.ptrs[l.dst], s.ptrs[l.src])
 	}
 	p.release(s)
 }
@@ -222,15 +312,13 @@ func (p *Plan) release(s *schedule) {
 	s.inFlight = false
 }
 
-// aliasing tells whether a padded plan's unpadded tensor is exactly the
-// interior of the padded one, and refuses any other overlap between the
-// caller's tensors (it would be silent garbage).
-func (p *Plan) aliasing(s *schedule, ptrs []unsafe.Pointer) (bool, error) {
-	if s.inner >= 0 {
-		inner, outer := uintptr(ptrs[s.inner]), uintptr(ptrs[s.outer])
-		if s.ext[s.inner] > 0 && s.ext[s.outer] > 0 && s.alias >= 0 && inner == outer+uintptr(s.alias) {
-			return true, nil
-		}
+// aliasing finds the padded layouts whose unpadded tensor is exactly the
+// interior of the padded one (s.aliased), and refuses any other overlap
+// between the caller's tensors (it would be silent garbage).
+func (p *Plan) aliasing(s *schedule, ptrs []unsafe.Pointer) error {
+	for k, a := range s.alias {
+		inner, outer := uintptr(ptrs[a.inner]), uintptr(ptrs[a.outer])
+		s.aliased[k] = s.ext[a.inner] > 0 && s.ext[a.outer] > 0 && a.off >= 0 && inner == outer+uintptr(a.off)
 	}
 	for i := range ptrs {
 		for j := i + 1; j < len(ptrs); j++ {
@@ -238,13 +326,34 @@ func (p *Plan) aliasing(s *schedule, ptrs []unsafe.Pointer) (bool, error) {
 			if s.ext[i] == 0 || s.ext[j] == 0 || a >= b+uintptr(s.ext[j]) || b >= a+uintptr(s.ext[i]) {
 				continue
 			}
-			if s.inner >= 0 {
-				inner, outer := s.names[s.inner], s.names[s.outer]
-				return false, fmt.Errorf("%s overlaps %s but is not its interior (it must be %s narrowed to slices [%d, %d) along dim %d with the same strides, or not overlap it)",
-					inner, outer, outer, p.spec.Left, p.spec.Left+p.spec.Shape[p.spec.Dim], p.spec.Dim)
+			if p.pairAliased(s, i, j) {
+				continue
 			}
-			return false, fmt.Errorf("%s and %s overlap in memory", s.names[i], s.names[j])
+			if k, ok := p.aliasPair(s, i, j); ok {
+				spec := &p.specs[k]
+				inner, outer := s.names[s.alias[k].inner], s.names[s.alias[k].outer]
+				return fmt.Errorf("%s overlaps %s but is not its interior (it must be %s narrowed to slices [%d, %d) along dim %d with the same strides, or not overlap it)",
+					inner, outer, outer, spec.Left, spec.Left+spec.Shape[spec.Dim], spec.Dim)
+			}
+			return fmt.Errorf("%s and %s overlap in memory", s.names[i], s.names[j])
 		}
 	}
-	return false, nil
+	return nil
+}
+
+// aliasPair returns the layout whose inner and outer bases are i and j.
+func (p *Plan) aliasPair(s *schedule, i, j int) (int, bool) {
+	for k, a := range s.alias {
+		if (a.inner == i && a.outer == j) || (a.inner == j && a.outer == i) {
+			return k, true
+		}
+	}
+	return 0, false
+}
+
+// pairAliased says whether bases i and j are a layout's tensors found to
+// alias exactly.
+func (p *Plan) pairAliased(s *schedule, i, j int) bool {
+	k, ok := p.aliasPair(s, i, j)
+	return ok && s.aliased[k]
 }

@@ -63,6 +63,7 @@ type Memory struct {
 	base    int64 // byte offset of element 0 in buf
 	strides []int64
 	elem    int
+	shape   []int64
 }
 
 func NewMemory(shape, strides []int64, elem int, pad int64) *Memory {
@@ -70,10 +71,13 @@ func NewMemory(shape, strides []int64, elem int, pad int64) *Memory {
 	if err != nil {
 		panic(err)
 	}
-	return &Memory{buf: make([]byte, ext+2*pad+8), base: pad, strides: strides, elem: elem}
+	return &Memory{buf: make([]byte, ext+2*pad+8), base: pad, strides: strides, elem: elem, shape: shape}
 }
 
 func (m *Memory) Ptr() unsafe.Pointer { return unsafe.Pointer(&m.buf[m.base]) }
+
+// Shape is the logical shape the memory was made for, when known.
+func (m *Memory) Shape() []int64 { return m.shape }
 
 // Fill sets every byte of the buffer, padding included.
 func (m *Memory) Fill(b byte) {

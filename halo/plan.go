@@ -51,41 +51,72 @@ func (s *Spec) OutShape() []int64 {
 	return o
 }
 
-// Plan is a halo exchange for one layout, made once and run every step.
+// Plan is a halo exchange for one layout, or for several exchanged together
+// (one message per peer and direction carries every layout's slabs), made
+// once and run every step.
 type Plan struct {
 	g      *Group
 	id     uint32
-	spec   Spec
-	elem   int
-	part   partition
+	specs  []Spec      // one per layout, normalized
+	parts  []partition // one per layout, as agreed
 	closed bool
 
 	fwd, bwd schedule
 }
 
+// MaxLayouts is how many layouts one plan may exchange together.
+const MaxLayouts = 16
+
 // NewPlan creates a plan collectively: every rank of the group calls it with
 // its own shard, in the same order relative to other plans. The ranks
 // exchange their layouts and any disagreement fails creation on all of them.
-func (g *Group) NewPlan(spec Spec) (*Plan, error) {
+func (g *Group) NewPlan(spec Spec) (*Plan, error) { return g.NewMultiPlan([]Spec{spec}) }
+
+// NewMultiPlan creates one plan over several layouts (the inputs of several
+// convolutions, a tensor and its cache), collectively like NewPlan: each call
+// then exchanges every layout's halos, with one message per peer and
+// direction. The layouts are all padded or all halos-only; each may have its
+// own dtype, shape, dim and halo sizes, and each is agreed on by every rank.
+func (g *Group) NewMultiPlan(specs []Spec) (*Plan, error) {
 	if err := g.usable(); err != nil {
 		return nil, err
 	}
-	if err := spec.validate(); err != nil {
-		return nil, fmt.Errorf("%w: rank %d: %v", ErrInvalid, g.Rank(), err)
+	if len(specs) < 1 || len(specs) > MaxLayouts {
+		return nil, fmt.Errorf("%w: rank %d: %d layouts, want 1 to %d", ErrInvalid, g.Rank(), len(specs), MaxLayouts)
 	}
-	spec = spec.normalized()
-	p := &Plan{g: g, id: g.nextPlan, spec: spec, elem: spec.DType.Size()}
+	p := &Plan{g: g, specs: make([]Spec, len(specs))}
+	for k, spec := range specs {
+		if err := spec.validate(); err != nil {
+			return nil, fmt.Errorf("%w: rank %d: %s%v", ErrInvalid, g.Rank(), layoutName(k, len(specs)), err)
+		}
+		if spec.HalosOnly != specs[0].HalosOnly {
+			return nil, fmt.Errorf("%w: rank %d: layout %d is %s, layout 0 is not: the layouts of one plan are all padded or all halos-only",
+				ErrInvalid, g.Rank(), k, map[bool]string{true: "halos-only", false: "padded"}[spec.HalosOnly])
+		}
+		p.specs[k] = spec.normalized()
+	}
+	p.id = g.nextPlan
 	g.nextPlan++
 	lengths, err := p.agree()
 	if err != nil {
 		return nil, err
 	}
-	p.part = newPartition(lengths)
+	for _, l := range lengths {
+		p.parts = append(p.parts, newPartition(l))
+	}
 	if err := p.build(); err != nil {
 		p.Close()
 		return nil, err
 	}
 	return p, nil
+}
+
+// layoutName prefixes messages about layout k of a plan of n layouts.
+func layoutName(k, n int) string {
+	if n == 1 {
+		return ""
+	}
+	return fmt.Sprintf("layout %d: ", k)
 }
 
 func (s *Spec) validate() error {
@@ -176,6 +207,8 @@ const (
 
 type record struct {
 	plan        uint32
+	layouts     int32 // how many layouts the plan has
+	layout      int32 // which of them this is
 	dtype       DType
 	ndim, dim   int32
 	padding     Padding
@@ -183,10 +216,11 @@ type record struct {
 	shape       [MaxDims]int64
 }
 
-func (p *Plan) record() record {
-	r := record{plan: p.id, dtype: p.spec.DType, ndim: int32(len(p.spec.Shape)), dim: int32(p.spec.Dim),
-		padding: p.spec.Padding, left: p.spec.Left, right: p.spec.Right}
-	copy(r.shape[:], p.spec.Shape)
+func (p *Plan) record(k int) record {
+	s := &p.specs[k]
+	r := record{plan: p.id, layouts: int32(len(p.specs)), layout: int32(k), dtype: s.DType, ndim: int32(len(s.Shape)),
+		dim: int32(s.Dim), padding: s.Padding, left: s.Left, right: s.Right}
+	copy(r.shape[:], s.Shape)
 	return r
 }
 
@@ -199,6 +233,8 @@ func (r *record) encode(b []byte) {
 	le.PutUint32(b[16:], uint32(r.ndim))
 	le.PutUint32(b[20:], uint32(r.dim))
 	le.PutUint32(b[24:], uint32(r.padding))
+	le.PutUint16(b[28:], uint16(r.layouts))
+	le.PutUint16(b[30:], uint16(r.layout))
 	le.PutUint64(b[32:], uint64(r.left))
 	le.PutUint64(b[40:], uint64(r.right))
 	for i, n := range r.shape {
@@ -213,42 +249,51 @@ func decodeRecord(b []byte) (record, error) {
 	}
 	r := record{plan: le.Uint32(b[8:]), dtype: DType(le.Uint32(b[12:])), ndim: int32(le.Uint32(b[16:])),
 		dim: int32(le.Uint32(b[20:])), padding: Padding(le.Uint32(b[24:])),
+		layouts: int32(le.Uint16(b[28:])), layout: int32(le.Uint16(b[30:])),
 		left: int64(le.Uint64(b[32:])), right: int64(le.Uint64(b[40:]))}
 	for i := range r.shape {
 		r.shape[i] = int64(le.Uint64(b[48+8*i:]))
 	}
-	if r.ndim < 1 || r.ndim > MaxDims || r.dim < 0 || r.dim >= r.ndim {
-		return record{}, fmt.Errorf("corrupt plan record (ndim %d, dim %d)", r.ndim, r.dim)
+	if r.ndim < 1 || r.ndim > MaxDims || r.dim < 0 || r.dim >= r.ndim || r.layouts < 1 || r.layouts > MaxLayouts {
+		return record{}, fmt.Errorf("corrupt plan record (ndim %d, dim %d, layouts %d)", r.ndim, r.dim, r.layouts)
 	}
 	return r, nil
 }
 
-// agree sends this rank's record to every other rank, receives theirs, and
-// checks that all agree. Every rank sees every record, so every rank reports
-// the same disagreement.
-func (p *Plan) agree() ([]int64, error) {
-	g, W, me := p.g, p.g.Size(), p.g.Rank()
-	recs := make([]record, W)
-	recs[me] = p.record()
+// agree sends this rank's records (one per layout) to every other rank,
+// receives theirs, and checks that all agree. Every rank sees every record,
+// so every rank reports the same disagreement. The message has room for
+// MaxLayouts records whatever the plan's count, so that ranks that disagree
+// on the count still receive each other's and can say so.
+func (p *Plan) agree() ([][]int64, error) {
+	g, W, me, K := p.g, p.g.Size(), p.g.Rank(), len(p.specs)
+	const msg = MaxLayouts * recordSize
+	recs := make([][]record, W)
+	recs[me] = make([]record, K)
+	for k := range p.specs {
+		recs[me][k] = p.record(k)
+	}
 	if W > 1 {
-		buf, err := g.t.Alloc(recordSize * (W + 1))
+		buf, err := g.t.Alloc(msg * (W + 1))
 		if err != nil {
 			return nil, err
 		}
 		defer buf.Free()
-		mine := buf.Bytes()[W*recordSize:]
-		recs[me].encode(mine)
+		mine := buf.Bytes()[W*msg:]
+		for k := range recs[me] {
+			recs[me][k].encode(mine[k*recordSize:])
+		}
 		var ops []transport.Op
 		for q := 0; q < W; q++ {
 			if q != me {
 				ops = append(ops, transport.Op{Peer: q, Tag: tag(0, phaseSetup),
-					Segs: []transport.Segment{{Off: int64(q * recordSize), Len: recordSize}}})
+					Segs: []transport.Segment{{Off: int64(q * msg), Len: msg}}})
 			}
 		}
 		for q := 0; q < W; q++ {
 			if q != me {
 				ops = append(ops, transport.Op{Peer: q, Tag: tag(0, phaseSetup), Send: true,
-					Segs: []transport.Segment{{Off: int64(W * recordSize), Len: recordSize}}})
+					Segs: []transport.Segment{{Off: int64(W * msg), Len: msg}}})
 			}
 		}
 		b, err := g.t.Prepare(ops)
@@ -266,32 +311,43 @@ func (p *Plan) agree() ([]int64, error) {
 			if q == me {
 				continue
 			}
-			r, err := decodeRecord(buf.Bytes()[q*recordSize:])
+			theirs := buf.Bytes()[q*msg:]
+			r, err := decodeRecord(theirs)
+			for k := 1; err == nil && k < int(r.layouts); k++ {
+				var rk record
+				if rk, err = decodeRecord(theirs[k*recordSize:]); err == nil {
+					recs[q] = append(recs[q], rk)
+				}
+			}
 			if err != nil {
 				return nil, g.fail(fmt.Errorf("%w: rank %d: plan record from rank %d: %v", ErrTransport, me, q, err))
 			}
-			recs[q] = r
+			recs[q] = append([]record{r}, recs[q]...)
 		}
 	}
 	if msg := disagreement(recs); msg != "" {
 		return nil, fmt.Errorf("%w on plan %d (seen by rank %d): %s", ErrMismatch, p.id, me, msg)
 	}
-	lengths := make([]int64, W)
-	for q, r := range recs {
-		lengths[q] = r.shape[r.dim]
+	lengths := make([][]int64, K)
+	for k := range lengths {
+		lengths[k] = make([]int64, W)
+		for q := range recs {
+			r := recs[q][k]
+			lengths[k][q] = r.shape[r.dim]
+		}
 	}
 	return lengths, nil
 }
 
 // disagreement describes every field on which the records differ, naming the
-// ranks, or returns "".
-func disagreement(recs []record) string {
+// ranks, or returns "". recs[q] are rank q's records, one per layout.
+func disagreement(recs [][]record) string {
 	var parts []string
-	field := func(name string, val func(r record) string) {
+	field := func(name string, val func(rs []record) string) {
 		groups := map[string][]int{}
 		var order []string
-		for q, r := range recs {
-			v := val(r)
+		for q, rs := range recs {
+			v := val(rs)
 			if _, ok := groups[v]; !ok {
 				order = append(order, v)
 			}
@@ -306,17 +362,30 @@ func disagreement(recs []record) string {
 		}
 		parts = append(parts, name+": "+strings.Join(vs, ", "))
 	}
-	field("plan number (plans created in a different order)", func(r record) string { return fmt.Sprint(r.plan) })
-	field("dtype", func(r record) string { return r.dtype.String() })
-	field("ndim", func(r record) string { return fmt.Sprint(r.ndim) })
-	field("dim", func(r record) string { return fmt.Sprint(r.dim) })
-	field("left halo", func(r record) string { return fmt.Sprint(r.left) })
-	field("right halo", func(r record) string { return fmt.Sprint(r.right) })
-	field("padding", func(r record) string { return fmt.Sprint(r.padding) })
-	if len(parts) == 0 { // same ndim and dim: compare the other dims
-		for i := 0; i < int(recs[0].ndim); i++ {
-			if i != int(recs[0].dim) {
-				field(fmt.Sprintf("shape[%d]", i), func(r record) string { return fmt.Sprint(r.shape[i]) })
+	field("plan number (plans created in a different order)", func(rs []record) string { return fmt.Sprint(rs[0].plan) })
+	field("number of layouts", func(rs []record) string { return fmt.Sprint(len(rs)) })
+	if len(parts) > 0 {
+		return strings.Join(parts, "; ")
+	}
+	n := len(recs[0])
+	for k := 0; k < n; k++ {
+		at := func(f func(r record) string) func(rs []record) string {
+			return func(rs []record) string { return f(rs[k]) }
+		}
+		pre := layoutName(k, n)
+		before := len(parts)
+		field(pre+"dtype", at(func(r record) string { return r.dtype.String() }))
+		field(pre+"ndim", at(func(r record) string { return fmt.Sprint(r.ndim) }))
+		field(pre+"dim", at(func(r record) string { return fmt.Sprint(r.dim) }))
+		field(pre+"left halo", at(func(r record) string { return fmt.Sprint(r.left) }))
+		field(pre+"right halo", at(func(r record) string { return fmt.Sprint(r.right) }))
+		field(pre+"padding", at(func(r record) string { return fmt.Sprint(r.padding) }))
+		if len(parts) == before { // same ndim and dim: compare the other dims
+			r0 := recs[0][k]
+			for i := 0; i < int(r0.ndim); i++ {
+				if i != int(r0.dim) {
+					field(fmt.Sprintf("%sshape[%d]", pre, i), at(func(r record) string { return fmt.Sprint(r.shape[i]) }))
+				}
 			}
 		}
 	}
@@ -375,29 +444,39 @@ func (p *Plan) Close() error {
 	return first
 }
 
+// Rank is the rank of the plan's group this plan runs on.
+func (p *Plan) Rank() int { return p.g.Rank() }
+
 // ID is the plan's number within its group (also in its tags).
 func (p *Plan) ID() uint32 { return p.id }
 
-// Spec returns the plan's (normalized) layout.
-func (p *Plan) Spec() Spec { return p.spec }
+// Spec returns the plan's (normalized) layout; the first of a multi-layout
+// plan's.
+func (p *Plan) Spec() Spec { return p.specs[0] }
 
-// Lengths are every rank's shard length along dim, as agreed at creation.
-func (p *Plan) Lengths() []int64 { return append([]int64(nil), p.part.n...) }
+// Specs returns every layout of the plan, normalized.
+func (p *Plan) Specs() []Spec { return append([]Spec(nil), p.specs...) }
+
+// Lengths are every rank's shard length along dim, as agreed at creation
+// (of the first layout).
+func (p *Plan) Lengths() []int64 { return append([]int64(nil), p.parts[0].n...) }
 
 // WireBytes is what this rank sends and receives in one forward pass.
 func (p *Plan) WireBytes() (sent, received int64) {
 	me := p.g.Rank()
-	slice := int64(p.elem)
-	for i, n := range p.spec.Shape {
-		if i != p.spec.Dim {
-			slice *= n
+	for k, s := range p.specs {
+		slice := int64(s.DType.Size())
+		for i, n := range s.Shape {
+			if i != s.Dim {
+				slice *= n
+			}
 		}
-	}
-	for _, m := range p.part.outgoing(me, p.spec.Left, p.spec.Right) {
-		sent += (m.hi - m.lo) * slice
-	}
-	for _, m := range p.part.incoming(me, p.spec.Left, p.spec.Right) {
-		received += (m.hi - m.lo) * slice
+		for _, m := range p.parts[k].outgoing(me, s.Left, s.Right) {
+			sent += (m.hi - m.lo) * slice
+		}
+		for _, m := range p.parts[k].incoming(me, s.Left, s.Right) {
+			received += (m.hi - m.lo) * slice
+		}
 	}
 	return
 }

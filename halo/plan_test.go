@@ -9,6 +9,7 @@ import (
 	"sync"
 	"testing"
 	"time"
+	"unsafe"
 
 	. "github.com/halo-cp/halo/halo"
 	"github.com/halo-cp/halo/halo/halotest"
@@ -519,5 +520,211 @@ func TestLargeInteriorCopy(t *testing.T) {
 				t.Fatalf("row %d col %d: %v, want %v", r, c, row[1+c], x[r*cols+c])
 			}
 		}
+	}
+}
+
+// A plan over several layouts exchanges each exactly as a plan of its own
+// would, with fewer messages: one per peer and kind.
+func TestMultiLayout(t *testing.T) {
+	rng := rand.New(rand.NewSource(7))
+	n := 60
+	if testing.Short() {
+		n = 15
+	}
+	for i := 0; i < n; i++ {
+		W, K := 1+rng.Intn(4), 1+rng.Intn(4)
+		halos, async := rng.Intn(2) == 0, rng.Intn(3) == 0
+		cases := make([]caseSpec, K)
+		for k := range cases {
+			c := randomCase(rng)
+			c.W, c.halos, c.async, c.inPlace = W, halos, async, false
+			c.lengths = make([]int64, W)
+			for r := range c.lengths {
+				c.lengths[r] = int64(rng.Intn(5))
+			}
+			cases[k] = c
+		}
+		checkMulti(t, rng, cases)
+	}
+}
+
+func checkMulti(t *testing.T, rng *rand.Rand, cases []caseSpec) {
+	t.Helper()
+	W, K := cases[0].W, len(cases)
+	type layoutData struct {
+		xs, grads, wantOut, wantGX []Logical
+		specs                      []Spec
+	}
+	data := make([]layoutData, K)
+	for k, c := range cases {
+		d := &data[k]
+		for r := 0; r < W; r++ {
+			sh := append([]int64(nil), c.shape...)
+			sh[c.dim] = c.lengths[r]
+			osh := append([]int64(nil), sh...)
+			osh[c.dim] += c.L + c.R
+			x, g := Logical{Shape: sh, Bits: make([]uint64, Numel(sh))}, Logical{Shape: osh, Bits: make([]uint64, Numel(osh))}
+			for i := range x.Bits {
+				x.Bits[i] = RandomValue(rng, c.dtype)
+			}
+			for i := range g.Bits {
+				g.Bits[i] = RandomValue(rng, c.dtype)
+			}
+			d.xs, d.grads = append(d.xs, x), append(d.grads, g)
+			s := Spec{DType: c.dtype, Shape: sh, Dim: c.dim, Left: c.L, Right: c.R, HalosOnly: c.halos}
+			if c.strided && !c.halos {
+				s.XStrides, s.OutStrides = RandomStrides(rng, sh), RandomStrides(rng, osh)
+			}
+			d.specs = append(d.specs, s.Normalized())
+		}
+		d.wantOut, d.wantGX = Oracle(c.dtype, d.xs, d.grads, c.dim, c.L, c.R)
+	}
+	var mu sync.Mutex
+	var failures []string
+	errs := halotest.Groups(W, GroupOptions{Timeout: 10 * time.Second}, func(g *Group) error {
+		r := g.Rank()
+		specs := make([]Spec, K)
+		for k := range specs {
+			specs[k] = data[k].specs[r]
+		}
+		p, err := g.NewMultiPlan(specs)
+		if err != nil {
+			return err
+		}
+		defer p.Close()
+		single := 0
+		for k := range specs { // the same layouts one plan each, for the message count
+			q, err := g.NewPlan(specs[k])
+			if err != nil {
+				return err
+			}
+			single += q.Messages(DirForward)
+			q.Close()
+		}
+		if m := p.Messages(DirForward); m > single || m > 2*(W-1) {
+			return fmt.Errorf("%d forward messages for %d layouts of %d ranks (%d with a plan each)", m, K, W, single)
+		}
+		halos := cases[0].halos
+		elem := func(k int) int { return cases[k].dtype.Size() }
+		a, b, c := make([]unsafe.Pointer, K), make([]unsafe.Pointer, K), make([]unsafe.Pointer, K)
+		mems := make([][3]*Memory, K)
+		for k := range specs {
+			s, cs := specs[k], cases[k]
+			xm := NewMemory(s.Shape, s.XStrides, elem(k), 64)
+			xm.Store(data[k].xs[r])
+			if halos {
+				lsh, rsh := append([]int64(nil), s.Shape...), append([]int64(nil), s.Shape...)
+				lsh[cs.dim], rsh[cs.dim] = cs.L, cs.R
+				mems[k] = [3]*Memory{xm, NewMemory(lsh, s.LeftStrides, elem(k), 64), NewMemory(rsh, s.RightStrides, elem(k), 64)}
+			} else {
+				mems[k] = [3]*Memory{xm, NewMemory(s.OutShape(), s.OutStrides, elem(k), 64)}
+			}
+			for _, m := range mems[k][1:] {
+				if m != nil {
+					m.Fill(0xA5)
+				}
+			}
+			a[k], b[k] = mems[k][0].Ptr(), mems[k][1].Ptr()
+			if halos {
+				c[k] = mems[k][2].Ptr()
+			}
+		}
+		var fwd func() error
+		switch {
+		case halos && cases[0].async:
+			fwd = func() error {
+				if err := p.HalosForwardMultiStart(a, b, c); err != nil {
+					return err
+				}
+				return p.Wait(DirForward)
+			}
+		case halos:
+			fwd = func() error { return p.HalosForwardMulti(a, b, c) }
+		case cases[0].async:
+			fwd = func() error {
+				if err := p.ForwardMultiStart(a, b); err != nil {
+					return err
+				}
+				return p.Wait(DirForward)
+			}
+		default:
+			fwd = func() error { return p.ForwardMulti(a, b) }
+		}
+		if err := fwd(); err != nil {
+			return err
+		}
+		// Backward: grad_out (or the halo gradients, with grad_x holding the
+		// interior) per layout.
+		for k := range specs {
+			s, cs := specs[k], cases[k]
+			n := s.Shape[cs.dim]
+			gx := NewMemory(s.Shape, s.GradXStrides, elem(k), 64)
+			if halos {
+				gl := NewMemory(mems[k][1].Shape(), s.GradLeftStrides, elem(k), 64)
+				gr := NewMemory(mems[k][2].Shape(), s.GradRightStrides, elem(k), 64)
+				gl.Store(sliceAlong(data[k].grads[r], cs.dim, 0, cs.L))
+				gr.Store(sliceAlong(data[k].grads[r], cs.dim, cs.L+n, cs.L+n+cs.R))
+				gx.Store(sliceAlong(data[k].grads[r], cs.dim, cs.L, cs.L+n))
+				a[k], b[k], c[k] = gl.Ptr(), gr.Ptr(), gx.Ptr()
+			} else {
+				gout := NewMemory(s.OutShape(), s.GradOutStrides, elem(k), 64)
+				gout.Store(data[k].grads[r])
+				a[k], b[k] = gout.Ptr(), gx.Ptr()
+			}
+			defer func(k int, gx *Memory) { // checked after the backward below
+				mu.Lock()
+				defer mu.Unlock()
+				got := gx.Load(specs[k].Shape)
+				for i, v := range data[k].wantGX[r].Bits {
+					if got.Bits[i] != v {
+						failures = append(failures, fmt.Sprintf("rank %d layout %d grad_x[%d] = %#x, want %#x", r, k, i, got.Bits[i], v))
+						break
+					}
+				}
+			}(k, gx)
+		}
+		var err2 error
+		if halos {
+			err2 = p.HalosBackwardMulti(a, b, c)
+		} else {
+			err2 = p.BackwardMulti(a, b)
+		}
+		if err2 != nil {
+			return err2
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		for k := range specs {
+			cs, n := cases[k], specs[k].Shape[cases[k].dim]
+			want := data[k].wantOut[r]
+			if !halos {
+				got := mems[k][1].Load(specs[k].OutShape())
+				for i, v := range want.Bits {
+					if got.Bits[i] != v {
+						failures = append(failures, fmt.Sprintf("rank %d layout %d out[%d] = %#x, want %#x", r, k, i, got.Bits[i], v))
+						break
+					}
+				}
+				continue
+			}
+			for j, side := range []Logical{sliceAlong(want, cs.dim, 0, cs.L), sliceAlong(want, cs.dim, cs.L+n, cs.L+n+cs.R)} {
+				got := mems[k][1+j].Load(side.Shape)
+				for i, v := range side.Bits {
+					if got.Bits[i] != v {
+						failures = append(failures, fmt.Sprintf("rank %d layout %d halo side %d [%d] = %#x, want %#x", r, k, j, i, got.Bits[i], v))
+						break
+					}
+				}
+			}
+		}
+		return nil
+	})
+	for r, err := range errs {
+		if err != nil {
+			t.Fatalf("%v: rank %d: %v", cases, r, err)
+		}
+	}
+	if len(failures) > 0 {
+		t.Fatalf("%v:\n%s", cases, strings.Join(failures, "\n"))
 	}
 }

@@ -10,8 +10,8 @@ import (
 
 // schedule is one direction's prepared work, plain data: the messages (one
 // batch) and the local operations around them. Its bases are the caller's
-// tensors first (fixed of them: 2 for a padded plan, 3 for a halos-only
-// one), then one per staging buffer.
+// tensors first (per layout: 2 for a padded plan, 3 for a halos-only one;
+// layout k's at k*per), then one per staging buffer.
 //
 //	padded forward:      0 x          1 out     (x may be out's interior)
 //	padded backward:     0 grad_out   1 grad_x  (grad_x may be grad_out's interior)
@@ -22,36 +22,48 @@ type schedule struct {
 	names   []string // of the fixed bases
 	ext     []int64  // byte extents of the fixed bases, for the pointer checks
 	fixed   int
+	nmsg    int // messages per exchange (one per peer and kind)
 	batch   transport.Batch
+	args    []unsafe.Pointer // scratch for the multi calls' tensors, fixed long
 	bases   []uintptr        // what the batch is posted with
 	ptrs    []unsafe.Pointer // the same, for the local work
 	staging []transport.Buffer
 	pack    []local // before Post: staging <- source
 	zero    []local // destination slices outside the sequence (forward)
 	addZero []local // destination slices the reference adds zeros to (backward, edge ranks)
-	copyIn  []local // the interior, unless the caller aliased it
+	copyIn  []local // the interiors, unless the caller aliased them
 	unpack  []local // after the wait: destination <- staging
 	add     []local // after the wait, in order: destination += staging
 
-	// A padded plan's unpadded tensor may be the padded one's interior:
-	// then it is not copied. inner and outer are their bases (-1 for a
-	// halos-only plan), alias the byte offset of inner in outer when the
-	// strides allow it (-1: never).
-	inner, outer int
-	alias        int64
+	// A padded layout's unpadded tensor may be the padded one's interior:
+	// then it is not copied. One entry per layout of a padded plan.
+	alias   []alias
+	aliased []bool // per alias, set by start: skip that layout's copyIn
 
 	inFlight bool // between start and the wait or test that completes it
 }
 
+// alias says where a padded layout's unpadded tensor (base inner) would be
+// the padded one's (base outer) interior: at byte offset off, or never (-1).
+type alias struct {
+	inner, outer int
+	off          int64
+}
+
 // local is one walk of local work over bases of the schedule: dst is
-// operand 0 of the walk, src (or -1) operand 1.
+// operand 0 of the walk, src (or -1) operand 1; elem and dt are the
+// layout's. layout indexes the schedule's alias entries (copyIn only).
 type local struct {
 	w        walk
 	dst, src int
+	elem     int
+	dt       DType
+	layout   int
 }
 
-// region is where a range of slices of the padded tensor [left | x | right]
-// lives: in which base, with which shape and strides, from which slice.
+// region is where a range of slices of a layout's padded tensor
+// [left | x | right] lives: in which base, with which shape and strides,
+// from which slice.
 type region struct {
 	base    int
 	shape   []int64
@@ -59,112 +71,47 @@ type region struct {
 	first   int64 // the padded slice that is slice 0 of this tensor
 }
 
-// build prepares both directions from the agreed partition.
-func (p *Plan) build() error {
-	s, me := &p.spec, p.g.Rank()
-	L, R, n := s.Left, s.Right, s.Shape[s.Dim]
-	off := p.part.off[me]
-	in := p.part.incoming(me, L, R)
-	out := p.part.outgoing(me, L, R)
-	padL, padR := p.part.padding(me, L, R)
-	ftag, btag := tag(p.id, phaseForward), tag(p.id, phaseBackward)
+// layoutPlan is what build needs of one layout.
+type layoutPlan struct {
+	k    int
+	spec *Spec
+	part partition
+	elem int
+}
 
+// build prepares both directions from the agreed partitions. Each layout
+// contributes its slabs; the slabs for one peer in one direction travel as
+// one message, in layout order on both sides.
+func (p *Plan) build() error {
+	me := p.g.Rank()
 	f, b := &p.fwd, &p.bwd
 	f.what, b.what = "forward", "backward"
-	// Where the halo sides and the interior live, per direction.
-	var fside, bside [2]region
-	var fmid, bmid region
-	if s.HalosOnly {
-		left, right := s.haloShape(L), s.haloShape(R)
-		f.names = []string{"x", "left", "right"}
-		b.names = []string{"grad_left", "grad_x", "grad_right"}
-		fside = [2]region{{1, left, s.LeftStrides, 0}, {2, right, s.RightStrides, L + n}}
-		bside = [2]region{{0, left, s.GradLeftStrides, 0}, {2, right, s.GradRightStrides, L + n}}
-		f.inner, f.outer, b.inner, b.outer = -1, -1, -1, -1
-	} else {
-		o := s.OutShape()
-		f.names = []string{"x", "out"}
-		b.names = []string{"grad_out", "grad_x"}
-		fmid, bmid = region{1, o, s.OutStrides, 0}, region{0, o, s.GradOutStrides, 0}
-		fside = [2]region{fmid, fmid}
-		bside = [2]region{bmid, bmid}
-		f.inner, f.outer, b.inner, b.outer = 0, 1, 1, 0
+	per := 2
+	if p.specs[0].HalosOnly {
+		per = 3
 	}
-	xr := region{0, s.Shape, s.XStrides, L}
-	gxr := region{1, s.Shape, s.GradXStrides, L}
-	f.fixed, b.fixed = len(f.names), len(b.names)
-	f.ext = p.extents(f, []region{xr, fside[0], fside[1]})
-	b.ext = p.extents(b, []region{bside[0], gxr, bside[1]})
-
-	// Forward: receive the halos, send x's boundary slabs, zero the slices
-	// outside the sequence, copy the interior of a padded out.
-	var fops []transport.Op
-	for _, m := range in {
-		op, err := p.recvOp(f, fside[m.side], m.lo-off+L, m.hi-off+L, m.src, ftag, false)
-		if err != nil {
+	f.fixed, b.fixed = per*len(p.specs), per*len(p.specs)
+	f.ext, b.ext = make([]int64, f.fixed), make([]int64, b.fixed)
+	var fops, bops opList
+	for k := range p.specs {
+		l := layoutPlan{k: k, spec: &p.specs[k], part: p.parts[k], elem: p.specs[k].DType.Size()}
+		if err := p.buildLayout(l, per*k, &fops, &bops); err != nil {
 			return err
 		}
-		fops = appendOp(fops, op)
 	}
-	for _, m := range out {
-		op, err := p.sendOp(f, xr, m.lo-off+L, m.hi-off+L, m.dst, ftag)
-		if err != nil {
-			return err
-		}
-		fops = appendOp(fops, op)
-	}
-	for side, r := range [][2]int64{{0, padL}, {L + n + R - padR, L + n + R}} {
-		if r[0] < r[1] {
-			f.zero = append(f.zero, p.oneOperand(fside[side], r[0], r[1]))
-		}
-	}
-	if !s.HalosOnly {
-		f.copyIn = append(f.copyIn, p.twoOperands(fmid, xr, L, L+n))
-		f.alias = p.aliasOffset(s.XStrides, s.OutStrides)
-	}
-
-	// Backward: gradients of our slices come back from the ranks we sent
-	// them to, and are added in the order of `out`. Edge ranks add +0 where
-	// the reference adds its zero tensor; x+0 commutes bitwise with the
-	// other additions (it only turns -0 into +0 and quiets NaNs), so that
-	// pass runs while the wire works.
-	var bops []transport.Op
-	W := p.g.Size()
-	if me == W-1 && L > 0 && n > 0 {
-		b.addZero = append(b.addZero, p.oneOperand(gxr, L+n-min(L, n), L+n))
-	}
-	if me == 0 && R > 0 && n > 0 {
-		b.addZero = append(b.addZero, p.oneOperand(gxr, L, L+min(R, n)))
-	}
-	for _, m := range out {
-		op, err := p.recvOp(b, gxr, m.lo-off+L, m.hi-off+L, m.dst, btag, true)
-		if err != nil {
-			return err
-		}
-		bops = appendOp(bops, op)
-	}
-	for _, m := range in {
-		op, err := p.sendOp(b, bside[m.side], m.lo-off+L, m.hi-off+L, m.src, btag)
-		if err != nil {
-			return err
-		}
-		bops = appendOp(bops, op)
-	}
-	if !s.HalosOnly {
-		b.copyIn = append(b.copyIn, p.twoOperands(gxr, bmid, L, L+n))
-		b.alias = p.aliasOffset(s.GradXStrides, s.GradOutStrides)
-	}
-
 	for _, sc := range []struct {
 		s   *schedule
 		ops []transport.Op
-	}{{f, fops}, {b, bops}} {
+	}{{f, fops.ops}, {b, bops.ops}} {
+		sc.s.aliased = make([]bool, len(sc.s.alias))
+		sc.s.args = make([]unsafe.Pointer, sc.s.fixed)
 		sc.s.bases = make([]uintptr, sc.s.fixed+len(sc.s.staging))
 		sc.s.ptrs = make([]unsafe.Pointer, len(sc.s.bases))
 		for i, buf := range sc.s.staging {
 			sc.s.bases[sc.s.fixed+i] = buf.Addr()
 			sc.s.ptrs[sc.s.fixed+i] = unsafe.Pointer(unsafe.SliceData(buf.Bytes()))
 		}
+		sc.s.nmsg = len(sc.ops)
 		if len(sc.ops) > 0 {
 			batch, err := p.g.t.Prepare(sc.ops)
 			if err != nil {
@@ -176,6 +123,129 @@ func (p *Plan) build() error {
 	return nil
 }
 
+// opList merges operations with the same peer and kind (send or receive)
+// into one message: their segments in the order they were added.
+type opList struct {
+	ops []transport.Op
+}
+
+func (l *opList) add(op *transport.Op) {
+	if op == nil {
+		return
+	}
+	for i := range l.ops {
+		if o := &l.ops[i]; o.Peer == op.Peer && o.Send == op.Send && o.Tag == op.Tag {
+			o.Segs = append(o.Segs, op.Segs...)
+			return
+		}
+	}
+	l.ops = append(l.ops, *op)
+}
+
+// buildLayout adds layout l's work to both schedules; its fixed bases start
+// at base0.
+func (p *Plan) buildLayout(l layoutPlan, base0 int, fops, bops *opList) error {
+	s, me := l.spec, p.g.Rank()
+	L, R, n := s.Left, s.Right, s.Shape[s.Dim]
+	off := l.part.off[me]
+	in := l.part.incoming(me, L, R)
+	out := l.part.outgoing(me, L, R)
+	padL, padR := l.part.padding(me, L, R)
+	ftag, btag := tag(p.id, phaseForward), tag(p.id, phaseBackward)
+	f, b := &p.fwd, &p.bwd
+	K := len(p.specs)
+
+	// Where the halo sides and the interior live, per direction.
+	var fside, bside [2]region
+	var fmid, bmid region
+	name := func(n string) string {
+		if K == 1 {
+			return n
+		}
+		return fmt.Sprintf("%s[%d]", n, l.k)
+	}
+	if s.HalosOnly {
+		left, right := s.haloShape(L), s.haloShape(R)
+		f.names = append(f.names, name("x"), name("left"), name("right"))
+		b.names = append(b.names, name("grad_left"), name("grad_x"), name("grad_right"))
+		fside = [2]region{{base0 + 1, left, s.LeftStrides, 0}, {base0 + 2, right, s.RightStrides, L + n}}
+		bside = [2]region{{base0, left, s.GradLeftStrides, 0}, {base0 + 2, right, s.GradRightStrides, L + n}}
+	} else {
+		o := s.OutShape()
+		f.names = append(f.names, name("x"), name("out"))
+		b.names = append(b.names, name("grad_out"), name("grad_x"))
+		fmid, bmid = region{base0 + 1, o, s.OutStrides, 0}, region{base0, o, s.GradOutStrides, 0}
+		fside = [2]region{fmid, fmid}
+		bside = [2]region{bmid, bmid}
+	}
+	xr := region{base0, s.Shape, s.XStrides, L}
+	gxr := region{base0 + 1, s.Shape, s.GradXStrides, L}
+	for _, r := range []region{xr, fside[0], fside[1]} {
+		f.ext[r.base], _ = extent(r.shape, r.strides, l.elem)
+	}
+	for _, r := range []region{bside[0], gxr, bside[1]} {
+		b.ext[r.base], _ = extent(r.shape, r.strides, l.elem)
+	}
+
+	// Forward: receive the halos, send x's boundary slabs, zero the slices
+	// outside the sequence, copy the interior of a padded out.
+	for _, m := range in {
+		op, err := p.recvOp(f, l, fside[m.side], m.lo-off+L, m.hi-off+L, m.src, ftag, false)
+		if err != nil {
+			return err
+		}
+		fops.add(op)
+	}
+	for _, m := range out {
+		op, err := p.sendOp(f, l, xr, m.lo-off+L, m.hi-off+L, m.dst, ftag)
+		if err != nil {
+			return err
+		}
+		fops.add(op)
+	}
+	for side, r := range [][2]int64{{0, padL}, {L + n + R - padR, L + n + R}} {
+		if r[0] < r[1] {
+			f.zero = append(f.zero, p.oneOperand(l, fside[side], r[0], r[1]))
+		}
+	}
+	if !s.HalosOnly {
+		f.copyIn = append(f.copyIn, p.twoOperands(l, fmid, xr, L, L+n, len(f.alias)))
+		f.alias = append(f.alias, alias{xr.base, fmid.base, p.aliasOffset(l, s.XStrides, s.OutStrides)})
+	}
+
+	// Backward: gradients of our slices come back from the ranks we sent
+	// them to, and are added in the order of `out`. Edge ranks add +0 where
+	// the reference adds its zero tensor; x+0 commutes bitwise with the
+	// other additions (it only turns -0 into +0 and quiets NaNs), so that
+	// pass runs while the wire works.
+	W := p.g.Size()
+	if me == W-1 && L > 0 && n > 0 {
+		b.addZero = append(b.addZero, p.oneOperand(l, gxr, L+n-min(L, n), L+n))
+	}
+	if me == 0 && R > 0 && n > 0 {
+		b.addZero = append(b.addZero, p.oneOperand(l, gxr, L, L+min(R, n)))
+	}
+	for _, m := range out {
+		op, err := p.recvOp(b, l, gxr, m.lo-off+L, m.hi-off+L, m.dst, btag, true)
+		if err != nil {
+			return err
+		}
+		bops.add(op)
+	}
+	for _, m := range in {
+		op, err := p.sendOp(b, l, bside[m.side], m.lo-off+L, m.hi-off+L, m.src, btag)
+		if err != nil {
+			return err
+		}
+		bops.add(op)
+	}
+	if !s.HalosOnly {
+		b.copyIn = append(b.copyIn, p.twoOperands(l, gxr, bmid, L, L+n, len(b.alias)))
+		b.alias = append(b.alias, alias{gxr.base, bmid.base, p.aliasOffset(l, s.GradXStrides, s.GradOutStrides)})
+	}
+	return nil
+}
+
 // haloShape is the shape of a halo tensor of k slices.
 func (s *Spec) haloShape(k int64) []int64 {
 	h := slices.Clone(s.Shape)
@@ -183,55 +253,40 @@ func (s *Spec) haloShape(k int64) []int64 {
 	return h
 }
 
-// extents are the byte extents of the fixed bases, from their regions.
-func (p *Plan) extents(s *schedule, rs []region) []int64 {
-	ext := make([]int64, s.fixed)
-	for _, r := range rs[:s.fixed] {
-		ext[r.base], _ = extent(r.shape, r.strides, p.elem)
-	}
-	return ext
-}
-
 // aliasOffset is the byte offset at which the unpadded tensor is the padded
 // one's interior, if their strides allow it, else -1.
-func (p *Plan) aliasOffset(inner, outer []int64) int64 {
+func (p *Plan) aliasOffset(l layoutPlan, inner, outer []int64) int64 {
 	if !slices.Equal(inner, outer) {
 		return -1
 	}
-	return p.spec.Left * outer[p.spec.Dim] * int64(p.elem)
-}
-
-func appendOp(ops []transport.Op, op *transport.Op) []transport.Op {
-	if op == nil {
-		return ops
-	}
-	return append(ops, *op)
+	return l.spec.Left * outer[l.spec.Dim] * int64(l.elem)
 }
 
 // box returns the shape of the padded slices [lo, hi) within region r and
 // the element offset of the first of them.
-func (p *Plan) box(r region, lo, hi int64) ([]int64, int64) {
+func (l layoutPlan) box(r region, lo, hi int64) ([]int64, int64) {
 	b := slices.Clone(r.shape)
-	b[p.spec.Dim] = hi - lo
-	return b, (lo - r.first) * r.strides[p.spec.Dim]
+	b[l.spec.Dim] = hi - lo
+	return b, (lo - r.first) * r.strides[l.spec.Dim]
 }
 
 // oneOperand is a walk over the padded slices [lo, hi) of region r.
-func (p *Plan) oneOperand(r region, lo, hi int64) local {
-	bx, o := p.box(r, lo, hi)
-	return local{w: newWalk(bx, [][]int64{r.strides}, []int64{o}), dst: r.base, src: -1}
+func (p *Plan) oneOperand(l layoutPlan, r region, lo, hi int64) local {
+	bx, o := l.box(r, lo, hi)
+	return local{w: newWalk(bx, [][]int64{r.strides}, []int64{o}), dst: r.base, src: -1, elem: l.elem, dt: l.spec.DType}
 }
 
 // twoOperands is a walk over the padded slices [lo, hi) of both regions.
-func (p *Plan) twoOperands(dst, src region, lo, hi int64) local {
-	bx, do := p.box(dst, lo, hi)
-	_, so := p.box(src, lo, hi)
-	return local{w: newWalk(bx, [][]int64{dst.strides, src.strides}, []int64{do, so}), dst: dst.base, src: src.base}
+func (p *Plan) twoOperands(l layoutPlan, dst, src region, lo, hi int64, layout int) local {
+	bx, do := l.box(dst, lo, hi)
+	_, so := l.box(src, lo, hi)
+	return local{w: newWalk(bx, [][]int64{dst.strides, src.strides}, []int64{do, so}), dst: dst.base, src: src.base,
+		elem: l.elem, dt: l.spec.DType, layout: layout}
 }
 
 // inPlace decides whether a slab goes on the wire from/to the caller's
 // memory (contiguous or IOV) rather than through a staging buffer.
-func (p *Plan) inPlace(w *walk) bool {
+func (p *Plan) inPlace(w *walk, elem int) bool {
 	runs := w.runs()
 	if runs <= 1 {
 		return true
@@ -243,7 +298,7 @@ func (p *Plan) inPlace(w *walk) bool {
 	case TransferIOV:
 		return runs <= 1<<16
 	}
-	return runs <= int64(o.IOVMaxSegments) && w.run*int64(p.elem) >= o.IOVMinSegment
+	return runs <= int64(o.IOVMaxSegments) && w.run*int64(elem) >= o.IOVMinSegment
 }
 
 // stage adds a staging buffer of bytes to s and returns its base.
@@ -257,46 +312,48 @@ func (p *Plan) stage(s *schedule, bytes int64) (int, error) {
 }
 
 // sendOp prepares the send of the padded slices [lo, hi) of region r.
-func (p *Plan) sendOp(s *schedule, r region, lo, hi int64, peer int, tag uint64) (*transport.Op, error) {
-	bx, o := p.box(r, lo, hi)
+func (p *Plan) sendOp(s *schedule, l layoutPlan, r region, lo, hi int64, peer int, tag uint64) (*transport.Op, error) {
+	bx, o := l.box(r, lo, hi)
 	w := newWalk(bx, [][]int64{r.strides}, []int64{o})
 	if w.runs() == 0 {
 		return nil, nil // empty tensor: both sides skip the message
 	}
-	if p.inPlace(&w) {
-		return &transport.Op{Peer: peer, Tag: tag, Send: true, Segs: w.segments(p.elem, r.base)}, nil
+	if p.inPlace(&w, l.elem) {
+		return &transport.Op{Peer: peer, Tag: tag, Send: true, Segs: w.segments(l.elem, r.base)}, nil
 	}
-	bytes := w.runs() * w.run * int64(p.elem)
+	bytes := w.runs() * w.run * int64(l.elem)
 	base, err := p.stage(s, bytes)
 	if err != nil {
 		return nil, err
 	}
-	s.pack = append(s.pack, local{w: newWalk(bx, [][]int64{ContiguousStrides(bx), r.strides}, []int64{0, o}), dst: base, src: r.base})
+	s.pack = append(s.pack, local{w: newWalk(bx, [][]int64{ContiguousStrides(bx), r.strides}, []int64{0, o}), dst: base, src: r.base,
+		elem: l.elem, dt: l.spec.DType})
 	return &transport.Op{Peer: peer, Tag: tag, Send: true, Segs: []transport.Segment{{Base: base, Len: bytes}}}, nil
 }
 
 // recvOp prepares the receive of the padded slices [lo, hi) of region r: in
 // place, or into staging and then unpacked, or (accumulate) into staging and
 // then added.
-func (p *Plan) recvOp(s *schedule, r region, lo, hi int64, peer int, tag uint64, accumulate bool) (*transport.Op, error) {
-	bx, o := p.box(r, lo, hi)
+func (p *Plan) recvOp(s *schedule, l layoutPlan, r region, lo, hi int64, peer int, tag uint64, accumulate bool) (*transport.Op, error) {
+	bx, o := l.box(r, lo, hi)
 	w := newWalk(bx, [][]int64{r.strides}, []int64{o})
 	if w.runs() == 0 {
 		return nil, nil
 	}
-	if !accumulate && p.inPlace(&w) {
-		return &transport.Op{Peer: peer, Tag: tag, Segs: w.segments(p.elem, r.base)}, nil
+	if !accumulate && p.inPlace(&w, l.elem) {
+		return &transport.Op{Peer: peer, Tag: tag, Segs: w.segments(l.elem, r.base)}, nil
 	}
-	bytes := w.runs() * w.run * int64(p.elem)
+	bytes := w.runs() * w.run * int64(l.elem)
 	base, err := p.stage(s, bytes)
 	if err != nil {
 		return nil, err
 	}
-	l := local{w: newWalk(bx, [][]int64{r.strides, ContiguousStrides(bx)}, []int64{o, 0}), dst: r.base, src: base}
+	w = newWalk(bx, [][]int64{r.strides, ContiguousStrides(bx)}, []int64{o, 0})
+	work := local{w: w, dst: r.base, src: base, elem: l.elem, dt: l.spec.DType}
 	if accumulate {
-		s.add = append(s.add, l)
+		s.add = append(s.add, work)
 	} else {
-		s.unpack = append(s.unpack, l)
+		s.unpack = append(s.unpack, work)
 	}
 	return &transport.Op{Peer: peer, Tag: tag, Segs: []transport.Segment{{Base: base, Len: bytes}}}, nil
 }

@@ -272,6 +272,29 @@ halo_result_t halo_plan_test(halo_plan_t plan, halo_direction_t direction, int *
 halo_result_t halo_plan_wait(halo_plan_t plan, halo_direction_t direction);
 
 /**
+ * @brief Create one plan over count layouts (1 .. 16), collectively like
+ * halo_plan_create: every call on it then exchanges all of them, with one
+ * message per peer and direction carrying every layout's slabs. The layouts
+ * are all padded or all halos-only; each has its own dtype, shape, dim and
+ * halo sizes, agreed on by every rank as for a single plan (a mismatch names
+ * the layout). The single-layout calls refuse such a plan; use the *_multi
+ * calls, whose tensor arguments are arrays of count pointers, one per layout,
+ * in the order of params. halo_plan_test and halo_plan_wait finish their
+ * *_start forms as for any plan.
+ */
+halo_result_t halo_plan_create_multi(halo_comm_t comm, int count, const halo_plan_params_t *params, halo_plan_t *plan);
+halo_result_t halo_plan_forward_multi(halo_plan_t plan, const void *const *x, void *const *out);
+halo_result_t halo_plan_backward_multi(halo_plan_t plan, const void *const *grad_out, void *const *grad_x);
+halo_result_t halo_plan_halos_forward_multi(halo_plan_t plan, const void *const *x, void *const *left, void *const *right);
+halo_result_t halo_plan_halos_backward_multi(halo_plan_t plan, const void *const *grad_left, const void *const *grad_right,
+                                             void *const *grad_x);
+halo_result_t halo_plan_forward_multi_start(halo_plan_t plan, const void *const *x, void *const *out);
+halo_result_t halo_plan_backward_multi_start(halo_plan_t plan, const void *const *grad_out, void *const *grad_x);
+halo_result_t halo_plan_halos_forward_multi_start(halo_plan_t plan, const void *const *x, void *const *left, void *const *right);
+halo_result_t halo_plan_halos_backward_multi_start(halo_plan_t plan, const void *const *grad_left,
+                                                   const void *const *grad_right, void *const *grad_x);
+
+/**
  * @brief Destroy a plan. Local. An exchange still in flight is cancelled and
  * reported as HALO_ERR_INVALID_STATE; the plan is destroyed all the same.
  */

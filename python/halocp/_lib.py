@@ -181,6 +181,12 @@ def _declare(lib: ctypes.CDLL) -> None:
         "halo_plan_test": ([vp, c_int, ctypes.POINTER(c_int)], c_int),
         "halo_plan_wait": ([vp, c_int], c_int),
         "halo_comm_abort": ([vp], c_int),
+        "halo_plan_create_multi": ([vp, c_int, ctypes.POINTER(PlanParams), ctypes.POINTER(vp)], c_int),
+        **{
+            f"halo_plan_{call}_multi{start}": ([vp] + [ctypes.POINTER(vp)] * n, c_int)
+            for call, n in (("forward", 2), ("backward", 2), ("halos_forward", 3), ("halos_backward", 3))
+            for start in ("", "_start")
+        },
         "halo_plan_destroy": ([vp], c_int),
     }
     for name, (args, res) in sigs.items():
