@@ -591,12 +591,16 @@ static int hux_batch_stop(hux_batch_t *b)
 }
 
 /*
- * The Wait loop: progress, spinning up to t->spin idle polls, then sleeping
- * on the worker's event fd between polls (or yielding the CPU where the
- * worker has none), until every operation has finished, the deadline has
- * passed or the transport is aborted (then the batch is aborted). Requests
- * are examined after a poll that made progress; requests, clock and abort
- * flag every HUX_CLOCK_EVERY polls while spinning and after every sleep.
+ * The Wait loop: progress, spinning up to t->spin idle polls, then yielding
+ * the CPU between polls, and once the wait has been idle for t->sleep_ns,
+ * sleeping on the worker's event fd until UCX has an event; until every
+ * operation has finished, the deadline has passed or the transport is
+ * aborted (then the batch is aborted). Yielding first keeps short waits
+ * fast when ranks outnumber CPUs (a sleeping rank wakes later than a
+ * yielding one is rescheduled: bench/RESULTS.md); sleeping ends long waits'
+ * use of a CPU that the rank's peers or its own threads need. Requests are
+ * examined after a poll that made progress; requests, clock and abort flag
+ * every HUX_CLOCK_EVERY polls while spinning and after every yield or sleep.
  */
 int hux_batch_wait(hux_batch_t *b, int64_t timeout_ns)
 {
@@ -604,8 +608,9 @@ int hux_batch_wait(hux_batch_t *b, int64_t timeout_ns)
     ucp_worker_h worker = t->worker;
     unsigned polls      = 0;
     int idle            = 0;
+    int64_t idle_since  = 0; /* when the spin ran out, while idle */
     int check;
-    int64_t end;
+    int64_t end, now;
 
     hux_batch_reap(b);
     if (b->pending == 0) {
@@ -614,7 +619,8 @@ int hux_batch_wait(hux_batch_t *b, int64_t timeout_ns)
     end = hux_end_ns(timeout_ns);
     for (;;) {
         if (ucp_worker_progress(worker) != 0) {
-            idle = 0;
+            idle       = 0;
+            idle_since = 0;
             hux_batch_reap(b);
             if (b->pending == 0) {
                 return HUX_WAIT_DONE;
@@ -626,7 +632,12 @@ int hux_batch_wait(hux_batch_t *b, int64_t timeout_ns)
             if (b->pending == 0) {
                 return HUX_WAIT_DONE;
             }
-            if (t->efd >= 0) {
+            now = hux_now_ns();
+            if (idle_since == 0) {
+                idle_since = now;
+            }
+            if ((t->efd >= 0) && (t->sleep_ns >= 0) &&
+                (now - idle_since >= t->sleep_ns)) {
                 hux_worker_sleep(t, end);
             } else {
                 sched_yield();

@@ -41,6 +41,8 @@ typedef struct hux_transport {
     int           rank;
     int           spin;        /* idle polls before sleeping; < 0: never */
     int           efd;         /* the worker's event fd, or -1: yield instead */
+    int64_t       sleep_ns;    /* idle time after the spin before a wait sleeps
+                                  on efd (yielding until then); < 0: never */
     int           aborted;     /* set once by hux_transport_abort, any thread */
     int64_t       grace_ns;    /* how long an abort waits for cancellations */
     /* Requests UCX could not finish within an abort's grace period, and the

@@ -8,22 +8,23 @@ import "C"
 import (
 	"fmt"
 	"sync"
+	"time"
 )
 
 // Transport is one rank's UCP context and worker, with an endpoint to every
 // other rank of its group once connected.
 type Transport struct {
-	mu        sync.Mutex
-	abortMu   sync.Mutex         // see Abort
-	c         *C.hux_transport_t // nil once closed
-	rank      int
-	size      int
-	rankBits  int
-	peerMode  bool
-	yield     bool
-	connected bool
-	addr      []byte
-	batches   map[*Batch]struct{} // open batches, closed with the transport
+	mu         sync.Mutex
+	abortMu    sync.Mutex         // see Abort
+	c          *C.hux_transport_t // nil once closed
+	rank       int
+	size       int
+	rankBits   int
+	peerMode   bool
+	sleepAfter time.Duration // < 0: the worker has no wakeup support
+	connected  bool
+	addr       []byte
+	batches    map[*Batch]struct{} // open batches, closed with the transport
 }
 
 // Rank is this transport's rank in its group.

@@ -7,6 +7,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -609,4 +610,70 @@ func TestStatusValues(t *testing.T) {
 			t.Errorf("Status(%d).String() = %q, want %q", int32(s), s.String(), text)
 		}
 	}
+}
+
+// A wait for a peer that is still computing sleeps on the worker's event
+// fd once it has been idle for SleepAfter, instead of holding a CPU; the
+// message still arrives and the abort still wakes it (TestAbortWakesWait).
+func TestLongWaitSleeps(t *testing.T) {
+	for _, opts := range []Options{{}, {SleepAfter: -1}} {
+		a, b := openPair(t, opts)
+		if opts.SleepAfter == 0 && !b.Sleeps() {
+			t.Skip("this UCX gives the worker no event fd")
+		}
+		src, dst := alloc(t, a, 64), alloc(t, b, 64)
+		send := prepare(t, a, []Op{{Peer: 1, Tag: 9, Send: true, Segs: contig(0, 64)}})
+		recv := prepare(t, b, []Op{{Peer: 0, Tag: 9, Segs: contig(0, 64)}})
+		if err := recv.Post([]uintptr{dst.Addr()}); err != nil {
+			t.Fatal(err)
+		}
+		go func() {
+			time.Sleep(200 * time.Millisecond)
+			send.Post([]uintptr{src.Addr()})
+			send.Wait(time.Now().Add(5 * time.Second))
+		}()
+		wall, cpu := time.Now(), cpuTime()
+		if err := recv.Wait(time.Now().Add(5 * time.Second)); err != nil {
+			t.Fatal(err)
+		}
+		w, c := time.Since(wall), cpuTime()-cpu
+		t.Logf("SleepAfter %v: a %v wait used %v of CPU", opts.SleepAfter, w.Round(time.Millisecond), c.Round(100*time.Microsecond))
+		if opts.SleepAfter == 0 && c > w/2 {
+			t.Errorf("a %v wait used %v of CPU: it did not sleep", w, c)
+		}
+	}
+}
+
+// Abort wakes a wait that sleeps, from another goroutine, within the grace.
+func TestAbortWakesWait(t *testing.T) {
+	_, b := openPair(t, Options{})
+	dst := alloc(t, b, 64)
+	recv := prepare(t, b, []Op{{Peer: 0, Tag: 9, Segs: contig(0, 64)}})
+	if err := recv.Post([]uintptr{dst.Addr()}); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		time.Sleep(100 * time.Millisecond) // long enough for the wait to sleep
+		b.Abort()
+	}()
+	start := time.Now()
+	err := recv.Wait(time.Now().Add(30 * time.Second))
+	if !errors.Is(err, ErrAborted) {
+		t.Fatalf("got %v, want ErrAborted", err)
+	}
+	if d := time.Since(start); d > 2*time.Second {
+		t.Fatalf("the aborted wait returned after %v", d)
+	}
+	if err := recv.Post([]uintptr{dst.Addr()}); !errors.Is(err, ErrAborted) {
+		t.Fatalf("post after abort: %v", err)
+	}
+	if !b.Aborted() {
+		t.Fatal("Aborted() is false")
+	}
+}
+
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }

@@ -10,7 +10,7 @@ import "unsafe"
 
 // initWorker creates the transport's worker and keeps a copy of its address.
 func (t *Transport) initWorker() error {
-	if st := C.hux_worker_create(t.c, cbool(!t.yield)); st != C.UCS_OK {
+	if st := C.hux_worker_create(t.c, cbool(t.sleepAfter >= 0)); st != C.UCS_OK {
 		t.c.worker = nil
 		return statusError("ucp_worker_create", st)
 	}
@@ -30,8 +30,8 @@ func (t *Transport) Address() []byte {
 	return t.addr
 }
 
-// Sleeps reports whether an idle Wait sleeps on the worker's event fd (else
-// it yields the CPU between polls).
+// Sleeps reports whether a long idle Wait sleeps on the worker's event fd
+// (else it keeps yielding the CPU between polls).
 func (t *Transport) Sleeps() bool { return t.c != nil && t.c.efd >= 0 }
 
 func cbool(b bool) C.int {
