@@ -297,50 +297,17 @@ func readSpec(p *C.halo_plan_params_t, pre string) (halo.Spec, error) {
 	return spec, nil
 }
 
-// Plan calls, by number: the blocking and the start calls take the same
-// tensors in the same order (see include/halo.h).
-const (
-	callForward = iota
-	callBackward
-	callHalosForward
-	callHalosBackward
-)
+// The plan calls, numbered as halo.Call: the blocking and the start forms
+// take the same tensors in the same order (see include/halo.h).
 
 //export haloGoPlanRun
-func haloGoPlanRun(h C.uintptr_t, call C.int, a, b, c unsafe.Pointer, eb *C.char, el C.size_t) C.int {
+func haloGoPlanRun(h C.uintptr_t, call, start C.int, a, b, c unsafe.Pointer, eb *C.char, el C.size_t) C.int {
 	return export(eb, el, func() error {
 		pe, err := lookupPlan(uintptr(h))
 		if err != nil {
 			return err
 		}
-		switch call {
-		case callForward:
-			return pe.p.Forward(a, b)
-		case callBackward:
-			return pe.p.Backward(a, b)
-		case callHalosForward:
-			return pe.p.HalosForward(a, b, c)
-		}
-		return pe.p.HalosBackward(a, b, c)
-	})
-}
-
-//export haloGoPlanStart
-func haloGoPlanStart(h C.uintptr_t, call C.int, a, b, c unsafe.Pointer, eb *C.char, el C.size_t) C.int {
-	return export(eb, el, func() error {
-		pe, err := lookupPlan(uintptr(h))
-		if err != nil {
-			return err
-		}
-		switch call {
-		case callForward:
-			return pe.p.ForwardStart(a, b)
-		case callBackward:
-			return pe.p.BackwardStart(a, b)
-		case callHalosForward:
-			return pe.p.HalosForwardStart(a, b, c)
-		}
-		return pe.p.HalosBackwardStart(a, b, c)
+		return pe.p.Do(halo.Call(call), start == 0, a, b, c)
 	})
 }
 
@@ -352,39 +319,13 @@ func haloGoPlanMulti(h C.uintptr_t, call, start C.int, a, b, c *unsafe.Pointer, 
 			return err
 		}
 		K := len(pe.p.Specs())
-		arg := func(p *unsafe.Pointer, name string) ([]unsafe.Pointer, error) {
-			if p == nil {
-				return nil, invalid("rank %d: the array of %s is NULL", pe.p.Rank(), name)
-			}
-			return unsafe.Slice(p, K), nil
-		}
-		names := [4][3]string{{"x", "out"}, {"grad_out", "grad_x"}, {"x", "left", "right"}, {"grad_left", "grad_right", "grad_x"}}[call]
 		var xs [3][]unsafe.Pointer
 		for i, p := range []*unsafe.Pointer{a, b, c} {
-			if names[i] == "" {
-				continue
-			}
-			if xs[i], err = arg(p, names[i]); err != nil {
-				return err
+			if p != nil {
+				xs[i] = unsafe.Slice(p, K)
 			}
 		}
-		switch {
-		case call == callForward && start == 0:
-			return pe.p.ForwardMulti(xs[0], xs[1])
-		case call == callForward:
-			return pe.p.ForwardMultiStart(xs[0], xs[1])
-		case call == callBackward && start == 0:
-			return pe.p.BackwardMulti(xs[0], xs[1])
-		case call == callBackward:
-			return pe.p.BackwardMultiStart(xs[0], xs[1])
-		case call == callHalosForward && start == 0:
-			return pe.p.HalosForwardMulti(xs[0], xs[1], xs[2])
-		case call == callHalosForward:
-			return pe.p.HalosForwardMultiStart(xs[0], xs[1], xs[2])
-		case start == 0:
-			return pe.p.HalosBackwardMulti(xs[0], xs[1], xs[2])
-		}
-		return pe.p.HalosBackwardMultiStart(xs[0], xs[1], xs[2])
+		return pe.p.DoMulti(halo.Call(call), start == 0, xs[0], xs[1], xs[2])
 	})
 }
 

@@ -73,35 +73,35 @@ halo_result_t halo_plan_create(halo_comm_t comm, const halo_plan_params_t *param
 }
 
 halo_result_t halo_plan_forward(halo_plan_t plan, const void *x, void *out) {
-    return (halo_result_t)haloGoPlanRun((uintptr_t)plan, 0, (void *)x, out, NULL, error_buffer(), HALO_ERRLEN);
+    return (halo_result_t)haloGoPlanRun((uintptr_t)plan, 0, 0, (void *)x, out, NULL, error_buffer(), HALO_ERRLEN);
 }
 
 halo_result_t halo_plan_backward(halo_plan_t plan, const void *grad_out, void *grad_x) {
-    return (halo_result_t)haloGoPlanRun((uintptr_t)plan, 1, (void *)grad_out, grad_x, NULL, error_buffer(), HALO_ERRLEN);
+    return (halo_result_t)haloGoPlanRun((uintptr_t)plan, 1, 0, (void *)grad_out, grad_x, NULL, error_buffer(), HALO_ERRLEN);
 }
 
 halo_result_t halo_plan_halos_forward(halo_plan_t plan, const void *x, void *left, void *right) {
-    return (halo_result_t)haloGoPlanRun((uintptr_t)plan, 2, (void *)x, left, right, error_buffer(), HALO_ERRLEN);
+    return (halo_result_t)haloGoPlanRun((uintptr_t)plan, 2, 0, (void *)x, left, right, error_buffer(), HALO_ERRLEN);
 }
 
 halo_result_t halo_plan_halos_backward(halo_plan_t plan, const void *grad_left, const void *grad_right, void *grad_x) {
-    return (halo_result_t)haloGoPlanRun((uintptr_t)plan, 3, (void *)grad_left, (void *)grad_right, grad_x, error_buffer(), HALO_ERRLEN);
+    return (halo_result_t)haloGoPlanRun((uintptr_t)plan, 3, 0, (void *)grad_left, (void *)grad_right, grad_x, error_buffer(), HALO_ERRLEN);
 }
 
 halo_result_t halo_plan_forward_start(halo_plan_t plan, const void *x, void *out) {
-    return (halo_result_t)haloGoPlanStart((uintptr_t)plan, 0, (void *)x, out, NULL, error_buffer(), HALO_ERRLEN);
+    return (halo_result_t)haloGoPlanRun((uintptr_t)plan, 0, 1, (void *)x, out, NULL, error_buffer(), HALO_ERRLEN);
 }
 
 halo_result_t halo_plan_backward_start(halo_plan_t plan, const void *grad_out, void *grad_x) {
-    return (halo_result_t)haloGoPlanStart((uintptr_t)plan, 1, (void *)grad_out, grad_x, NULL, error_buffer(), HALO_ERRLEN);
+    return (halo_result_t)haloGoPlanRun((uintptr_t)plan, 1, 1, (void *)grad_out, grad_x, NULL, error_buffer(), HALO_ERRLEN);
 }
 
 halo_result_t halo_plan_halos_forward_start(halo_plan_t plan, const void *x, void *left, void *right) {
-    return (halo_result_t)haloGoPlanStart((uintptr_t)plan, 2, (void *)x, left, right, error_buffer(), HALO_ERRLEN);
+    return (halo_result_t)haloGoPlanRun((uintptr_t)plan, 2, 1, (void *)x, left, right, error_buffer(), HALO_ERRLEN);
 }
 
 halo_result_t halo_plan_halos_backward_start(halo_plan_t plan, const void *grad_left, const void *grad_right, void *grad_x) {
-    return (halo_result_t)haloGoPlanStart((uintptr_t)plan, 3, (void *)grad_left, (void *)grad_right, grad_x, error_buffer(), HALO_ERRLEN);
+    return (halo_result_t)haloGoPlanRun((uintptr_t)plan, 3, 1, (void *)grad_left, (void *)grad_right, grad_x, error_buffer(), HALO_ERRLEN);
 }
 
 halo_result_t halo_plan_test(halo_plan_t plan, halo_direction_t direction, int *done) {

@@ -24,29 +24,81 @@ func (p *Plan) schedule(d Direction) (*schedule, error) {
 	return nil, fmt.Errorf("%w: rank %d: direction %d of plan %d is neither forward (0) nor backward (1)", ErrInvalid, p.g.Rank(), d, p.id)
 }
 
+// Call names one of a plan's exchanges, for callers that dispatch on it.
+type Call int
+
+const (
+	CallForward       Call = iota // x, out
+	CallBackward                  // grad_out, grad_x
+	CallHalosForward              // x, left, right
+	CallHalosBackward             // grad_left, grad_right, grad_x
+)
+
+// Do runs call c with the tensors of its blocking form, in that order (t2
+// unused by the padded calls); without wait it only starts it (see
+// ForwardStart). The named methods below are Do with their call.
+func (p *Plan) Do(c Call, wait bool, t0, t1, t2 unsafe.Pointer) error {
+	s, halos, err := p.call(c)
+	if err != nil {
+		return err
+	}
+	if c == CallHalosBackward {
+		t1, t2 = t2, t1 // grad_x is base 1
+	}
+	if err := p.start(s, halos, t0, t1, t2); err != nil || !wait {
+		return err
+	}
+	return p.wait(s)
+}
+
+// DoMulti is Do for a plan of several layouts: each argument holds one
+// tensor per layout, in the order the layouts were given to NewMultiPlan.
+func (p *Plan) DoMulti(c Call, wait bool, a, b, d []unsafe.Pointer) error {
+	s, halos, err := p.call(c)
+	if err != nil {
+		return err
+	}
+	if c == CallHalosBackward {
+		b, d = d, b
+	}
+	return p.runMulti(s, halos, a, b, d, wait)
+}
+
+func (p *Plan) call(c Call) (*schedule, bool, error) {
+	switch c {
+	case CallForward:
+		return &p.fwd, false, nil
+	case CallBackward:
+		return &p.bwd, false, nil
+	case CallHalosForward:
+		return &p.fwd, true, nil
+	case CallHalosBackward:
+		return &p.bwd, true, nil
+	}
+	return nil, false, fmt.Errorf("%w: rank %d: call %d of plan %d is not one of forward (0), backward (1), halos forward (2), halos backward (3)", ErrInvalid, p.g.Rank(), c, p.id)
+}
+
 // Forward fills out = [left halo | x | right halo] along dim. x may be the
 // interior of out (same strides, at slice Left): then it is not copied.
-func (p *Plan) Forward(x, out unsafe.Pointer) error {
-	return p.run(&p.fwd, false, x, out, nil)
-}
+func (p *Plan) Forward(x, out unsafe.Pointer) error { return p.Do(CallForward, true, x, out, nil) }
 
 // Backward computes grad_x = interior of grad_out + the gradients of x's
 // slices that other ranks used as halo. grad_x may be the interior of
 // grad_out (same strides, at slice Left).
 func (p *Plan) Backward(gradOut, gradX unsafe.Pointer) error {
-	return p.run(&p.bwd, false, gradOut, gradX, nil)
+	return p.Do(CallBackward, true, gradOut, gradX, nil)
 }
 
 // HalosForward fills the halos-only plan's left and right tensors with the
 // slices before and after x in the global sequence.
 func (p *Plan) HalosForward(x, left, right unsafe.Pointer) error {
-	return p.run(&p.fwd, true, x, left, right)
+	return p.Do(CallHalosForward, true, x, left, right)
 }
 
 // HalosBackward sends the halo gradients and adds the neighbours' gradients
 // of x's slices into gradX, which holds the rest of x's gradient already.
 func (p *Plan) HalosBackward(gradLeft, gradRight, gradX unsafe.Pointer) error {
-	return p.run(&p.bwd, true, gradLeft, gradX, gradRight)
+	return p.Do(CallHalosBackward, true, gradLeft, gradRight, gradX)
 }
 
 // ForwardStart, BackwardStart, HalosForwardStart and HalosBackwardStart
@@ -55,19 +107,19 @@ func (p *Plan) HalosBackward(gradLeft, gradRight, gradX unsafe.Pointer) error {
 // Wait finishes it. One exchange per direction may be in flight; the caller's
 // tensors belong to it until it completes.
 func (p *Plan) ForwardStart(x, out unsafe.Pointer) error {
-	return p.start(&p.fwd, false, x, out, nil)
+	return p.Do(CallForward, false, x, out, nil)
 }
 
 func (p *Plan) BackwardStart(gradOut, gradX unsafe.Pointer) error {
-	return p.start(&p.bwd, false, gradOut, gradX, nil)
+	return p.Do(CallBackward, false, gradOut, gradX, nil)
 }
 
 func (p *Plan) HalosForwardStart(x, left, right unsafe.Pointer) error {
-	return p.start(&p.fwd, true, x, left, right)
+	return p.Do(CallHalosForward, false, x, left, right)
 }
 
 func (p *Plan) HalosBackwardStart(gradLeft, gradRight, gradX unsafe.Pointer) error {
-	return p.start(&p.bwd, true, gradLeft, gradX, gradRight)
+	return p.Do(CallHalosBackward, false, gradLeft, gradRight, gradX)
 }
 
 // Wait finishes the exchange that a start call began, within the group's timeout.
@@ -123,35 +175,35 @@ func (p *Plan) InFlight(d Direction) bool {
 // order of the layouts given to NewMultiPlan; otherwise they are the calls
 // above.
 func (p *Plan) ForwardMulti(xs, outs []unsafe.Pointer) error {
-	return p.runMulti(&p.fwd, false, xs, outs, nil, true)
+	return p.DoMulti(CallForward, true, xs, outs, nil)
 }
 
 func (p *Plan) BackwardMulti(gradOuts, gradXs []unsafe.Pointer) error {
-	return p.runMulti(&p.bwd, false, gradOuts, gradXs, nil, true)
+	return p.DoMulti(CallBackward, true, gradOuts, gradXs, nil)
 }
 
 func (p *Plan) HalosForwardMulti(xs, lefts, rights []unsafe.Pointer) error {
-	return p.runMulti(&p.fwd, true, xs, lefts, rights, true)
+	return p.DoMulti(CallHalosForward, true, xs, lefts, rights)
 }
 
 func (p *Plan) HalosBackwardMulti(gradLefts, gradRights, gradXs []unsafe.Pointer) error {
-	return p.runMulti(&p.bwd, true, gradLefts, gradXs, gradRights, true)
+	return p.DoMulti(CallHalosBackward, true, gradLefts, gradRights, gradXs)
 }
 
 func (p *Plan) ForwardMultiStart(xs, outs []unsafe.Pointer) error {
-	return p.runMulti(&p.fwd, false, xs, outs, nil, false)
+	return p.DoMulti(CallForward, false, xs, outs, nil)
 }
 
 func (p *Plan) BackwardMultiStart(gradOuts, gradXs []unsafe.Pointer) error {
-	return p.runMulti(&p.bwd, false, gradOuts, gradXs, nil, false)
+	return p.DoMulti(CallBackward, false, gradOuts, gradXs, nil)
 }
 
 func (p *Plan) HalosForwardMultiStart(xs, lefts, rights []unsafe.Pointer) error {
-	return p.runMulti(&p.fwd, true, xs, lefts, rights, false)
+	return p.DoMulti(CallHalosForward, false, xs, lefts, rights)
 }
 
 func (p *Plan) HalosBackwardMultiStart(gradLefts, gradRights, gradXs []unsafe.Pointer) error {
-	return p.runMulti(&p.bwd, true, gradLefts, gradXs, gradRights, false)
+	return p.DoMulti(CallHalosBackward, false, gradLefts, gradRights, gradXs)
 }
 
 // runMulti starts (and with wait, finishes) s with per-layout tensors: a, b
@@ -177,13 +229,6 @@ func (p *Plan) runMulti(s *schedule, halos bool, a, b, c []unsafe.Pointer, wait 
 	}
 	if !wait {
 		return nil
-	}
-	return p.wait(s)
-}
-
-func (p *Plan) run(s *schedule, halos bool, t0, t1, t2 unsafe.Pointer) error {
-	if err := p.start(s, halos, t0, t1, t2); err != nil {
-		return err
 	}
 	return p.wait(s)
 }
