@@ -227,7 +227,7 @@ def error(rc: int, what: str) -> HaloError:
     L = lib()
     detail = (L.halo_last_error() or b"").decode(errors="replace")
     reason = (L.halo_strerror(rc) or b"").decode()
-    if detail.startswith(reason):  # the library's messages often lead with it
+    if detail.startswith(reason):  # e.g. "ranks disagree on plan 3 ...": say it once
         return HaloError(rc, f"{what}: {detail}")
     return HaloError(rc, f"{what}: {reason}: {detail}" if detail else f"{what}: {reason}")
 
