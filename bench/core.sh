@@ -2,14 +2,13 @@
 # The core library's benchmark: forward and backward of a 2 KiB and a 2 MiB
 # halo between W = 2 processes on shared memory, median and p99, printed
 # beside ucx_perftest's tag_lat and tag_bw at the same sizes, measured by the
-# same run. Targets: the 2 KiB halo within 3x of tag_lat's latency, the 2 MiB
-# halo at 90% of tag_bw's bandwidth. bench/PERFORMANCE.md says how the
-# figures are obtained and how ours and ucx_perftest's compare.
+# same run, with the ratios. bench/PERFORMANCE.md says how the figures are
+# obtained and how ours and ucx_perftest's compare; bench/RESULTS.md holds
+# the figures measured so far and what they are held against.
 #
 #   bench/core.sh                    from the repository's root
 #   HALOD=/path/to/halod bench/core.sh
 #   DURATION=5s bench/core.sh        time budget per size and op (default 2s)
-#   STRICT=1 bench/core.sh           exit 4 when a target is missed
 #   UCX_TLS=tcp,self bench/core.sh   another transport (default shm,self)
 #
 # Writes $OUT/core.json and $OUT/core.png (OUT defaults to bench/out).
@@ -50,20 +49,4 @@ if [ "$status" -ne 0 ]; then
 	exit "$status"
 fi
 
-# The targets, from the table's rows: size count type op iters p50 p99 algbw
-# busbw #wrong tag_lat ratio tag_bw ratio.
-awk -v strict="${STRICT:-0}" '
-	/^#/ || NF < 14 { next }
-	$1 == 2048 {
-		r = $12 + 0; ok = (r > 0 && r <= 3)
-		printf "# target %s 2KiB:  p50 %.2f us = %.2fx tag_lat %.2f us (want <= 3x)  %s\n", $4, $6, r, $11, ok ? "MET" : "MISSED"
-		missed += !ok
-	}
-	$1 == 2097152 {
-		r = $14 + 0; ok = (r >= 0.9)
-		printf "# target %s 2MiB:  busbw %.2f GB/s = %.2fx tag_bw %.2f GB/s (want >= 0.90x)  %s\n", $4, $9, r, $13, ok ? "MET" : "MISSED"
-		missed += !ok
-	}
-	END { if (strict == 1 && missed > 0) exit 4 }
-' "$OUT/core.txt"
 echo "# wrote $OUT/core.json and $OUT/core.png"

@@ -9,7 +9,9 @@ package main
 import "C"
 
 import (
+	"errors"
 	"fmt"
+	"strings"
 	"time"
 	"unsafe"
 
@@ -29,6 +31,43 @@ const (
 func invalid(format string, args ...any) error {
 	return fmt.Errorf("%w: "+format, append([]any{halo.ErrInvalid}, args...)...)
 }
+
+// exported runs the body of an exported function through export, with the
+// message halo_last_error returns reworded by lastError.
+func exported(eb *C.char, el C.size_t, body func() error) C.int {
+	return export(eb, el, func() error { return lastError(body()) })
+}
+
+// lastError drops the words of the error's class from the front of its
+// message: Go's errors read "invalid argument: rank 2 ...", and C callers
+// print halo_strerror(rc), which says the same, before halo_last_error().
+// The class itself, and so the result code, stays.
+func lastError(err error) error {
+	if err == nil {
+		return nil
+	}
+	msg := err.Error()
+	prefixes := []string{C.GoString(C.halo_strerror(C.halo_result_t(code(err))))}
+	for _, class := range append([]error{errHandle}, halo.Classes...) {
+		if errors.Is(err, class) {
+			prefixes = append(prefixes, class.Error())
+		}
+	}
+	for _, p := range prefixes {
+		if rest, ok := strings.CutPrefix(msg, p+": "); ok && rest != "" {
+			return &reworded{err: err, msg: rest}
+		}
+	}
+	return err
+}
+
+type reworded struct {
+	err error
+	msg string
+}
+
+func (r *reworded) Error() string { return r.msg }
+func (r *reworded) Unwrap() error { return r.err }
 
 // cString reads an optional string field: set in the mask but NULL is an error.
 func cString(mask C.uint64_t, bit C.uint64_t, p *C.char, name string) (string, error) {
@@ -53,7 +92,7 @@ func cMillis(mask C.uint64_t, bit C.uint64_t, v C.int64_t, name string) (time.Du
 
 //export haloGoCommCreate
 func haloGoCommCreate(rank, size C.int, p *C.halo_comm_params_t, out *C.halo_comm_t, eb *C.char, el C.size_t) C.int {
-	return export(eb, el, func() error {
+	return exported(eb, el, func() error {
 		if out == nil {
 			return invalid("comm (the output pointer) is NULL")
 		}
@@ -98,7 +137,7 @@ func haloGoCommCreate(rank, size C.int, p *C.halo_comm_params_t, out *C.halo_com
 
 //export haloGoCommGetAddress
 func haloGoCommGetAddress(h C.uintptr_t, addr *unsafe.Pointer, length *C.size_t, eb *C.char, el C.size_t) C.int {
-	return export(eb, el, func() error {
+	return exported(eb, el, func() error {
 		e, err := lookupComm(uintptr(h))
 		if err != nil {
 			return err
@@ -119,7 +158,7 @@ func haloGoCommGetAddress(h C.uintptr_t, addr *unsafe.Pointer, length *C.size_t,
 
 //export haloGoCommConnect
 func haloGoCommConnect(h C.uintptr_t, addrs *unsafe.Pointer, lens *C.size_t, eb *C.char, el C.size_t) C.int {
-	return export(eb, el, func() error {
+	return exported(eb, el, func() error {
 		e, err := lookupComm(uintptr(h))
 		if err != nil {
 			return err
@@ -142,7 +181,7 @@ func haloGoCommConnect(h C.uintptr_t, addrs *unsafe.Pointer, lens *C.size_t, eb 
 
 //export haloGoCommGetRank
 func haloGoCommGetRank(h C.uintptr_t, rank, size *C.int, eb *C.char, el C.size_t) C.int {
-	return export(eb, el, func() error {
+	return exported(eb, el, func() error {
 		e, err := lookupComm(uintptr(h))
 		if err != nil {
 			return err
@@ -157,7 +196,7 @@ func haloGoCommGetRank(h C.uintptr_t, rank, size *C.int, eb *C.char, el C.size_t
 
 //export haloGoCommDestroy
 func haloGoCommDestroy(h C.uintptr_t, eb *C.char, el C.size_t) C.int {
-	return export(eb, el, func() error {
+	return exported(eb, el, func() error {
 		registry.Lock()
 		e, ok := registry.comms[uintptr(h)]
 		if !ok {
@@ -195,12 +234,12 @@ func readInts(p *C.int64_t, n int, name string) ([]int64, error) {
 
 //export haloGoPlanCreate
 func haloGoPlanCreate(h C.uintptr_t, p *C.halo_plan_params_t, out *C.halo_plan_t, eb *C.char, el C.size_t) C.int {
-	return export(eb, el, func() error { return createPlan(h, 1, p, out, false) })
+	return exported(eb, el, func() error { return createPlan(h, 1, p, out, false) })
 }
 
 //export haloGoPlanCreateMulti
 func haloGoPlanCreateMulti(h C.uintptr_t, count C.int, p *C.halo_plan_params_t, out *C.halo_plan_t, eb *C.char, el C.size_t) C.int {
-	return export(eb, el, func() error { return createPlan(h, int(count), p, out, true) })
+	return exported(eb, el, func() error { return createPlan(h, int(count), p, out, true) })
 }
 
 // createPlan reads count parameter structs and creates one plan over them.
@@ -302,7 +341,7 @@ func readSpec(p *C.halo_plan_params_t, pre string) (halo.Spec, error) {
 
 //export haloGoPlanRun
 func haloGoPlanRun(h C.uintptr_t, call, start C.int, a, b, c unsafe.Pointer, eb *C.char, el C.size_t) C.int {
-	return export(eb, el, func() error {
+	return exported(eb, el, func() error {
 		pe, err := lookupPlan(uintptr(h))
 		if err != nil {
 			return err
@@ -313,7 +352,7 @@ func haloGoPlanRun(h C.uintptr_t, call, start C.int, a, b, c unsafe.Pointer, eb 
 
 //export haloGoPlanMulti
 func haloGoPlanMulti(h C.uintptr_t, call, start C.int, a, b, c *unsafe.Pointer, eb *C.char, el C.size_t) C.int {
-	return export(eb, el, func() error {
+	return exported(eb, el, func() error {
 		pe, err := lookupPlan(uintptr(h))
 		if err != nil {
 			return err
@@ -331,7 +370,7 @@ func haloGoPlanMulti(h C.uintptr_t, call, start C.int, a, b, c *unsafe.Pointer, 
 
 //export haloGoPlanTest
 func haloGoPlanTest(h C.uintptr_t, dir C.int, done *C.int, eb *C.char, el C.size_t) C.int {
-	return export(eb, el, func() error {
+	return exported(eb, el, func() error {
 		pe, err := lookupPlan(uintptr(h))
 		if err != nil {
 			return err
@@ -352,7 +391,7 @@ func haloGoPlanTest(h C.uintptr_t, dir C.int, done *C.int, eb *C.char, el C.size
 
 //export haloGoPlanWait
 func haloGoPlanWait(h C.uintptr_t, dir C.int, eb *C.char, el C.size_t) C.int {
-	return export(eb, el, func() error {
+	return exported(eb, el, func() error {
 		pe, err := lookupPlan(uintptr(h))
 		if err != nil {
 			return err
@@ -363,7 +402,7 @@ func haloGoPlanWait(h C.uintptr_t, dir C.int, eb *C.char, el C.size_t) C.int {
 
 //export haloGoCommAbort
 func haloGoCommAbort(h C.uintptr_t, eb *C.char, el C.size_t) C.int {
-	return export(eb, el, func() error {
+	return exported(eb, el, func() error {
 		e, err := lookupComm(uintptr(h))
 		if err != nil {
 			return err
@@ -375,7 +414,7 @@ func haloGoCommAbort(h C.uintptr_t, eb *C.char, el C.size_t) C.int {
 
 //export haloGoPlanDestroy
 func haloGoPlanDestroy(h C.uintptr_t, eb *C.char, el C.size_t) C.int {
-	return export(eb, el, func() error {
+	return exported(eb, el, func() error {
 		registry.Lock()
 		pe, ok := registry.plans[uintptr(h)]
 		if ok {

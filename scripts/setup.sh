@@ -4,7 +4,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-packages=(libucx-dev ucx-utils cmake pkg-config gcc g++ make python3-torch python3-pytest python3-numpy)
+# Build: UCX, CMake, a C/C++ compiler. Tests and run.sh: PyTorch and pytest;
+# venv, pip, setuptools and wheel (halocp's wheel); Open MPI's mpirun and
+# torchrun (the launcher tests); iproute2 (network namespaces).
+packages=(libucx-dev ucx-utils cmake pkg-config gcc g++ make
+  python3-torch python3-pytest python3-numpy python3-venv python3-pip python3-setuptools python3-wheel
+  openmpi-bin iproute2)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -61,6 +61,12 @@ type Options struct {
 	// them before starting the ranks; otherwise rank 0 measures them.
 	Perftest []PerftestResult `json:"perftest,omitempty"`
 
+	// PerftestAcross runs ucx_perftest between ranks 0 and 1 (server on
+	// rank 0, client on rank 1) once they are connected, for ranks on
+	// different hosts; otherwise rank 0 (or the launcher) runs both ends
+	// before the ranks connect.
+	PerftestAcross bool `json:"perftest_across,omitempty"`
+
 	// RankCPUs is the CPU each rank was bound to, when the launcher bound
 	// them (halod bench --local); ucx_perftest's server and client then run
 	// on the CPUs of ranks 0 and 1.

@@ -123,8 +123,9 @@ func parsePerftest(output string) (perftestLine, error) {
 		bwAvgMiBs: last[4], bwOverallMiBs: last[5], rateAvg: last[6], rateOverall: last[7]}, nil
 }
 
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+// freePort returns a TCP port free on host ("" for every interface).
+func freePort(host string) (int, error) {
+	l, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
 	if err != nil {
 		return 0, err
 	}
@@ -138,7 +139,7 @@ func perftestOnce(ctx context.Context, exe, test string, size int64, cpus []int,
 	iters, warmup := perftestIters(test, size)
 	var lastErr error
 	for attempt := 0; attempt < 3; attempt++ {
-		port, err := freePort()
+		port, err := freePort("127.0.0.1")
 		if err != nil {
 			return perftestLine{}, 0, err
 		}
@@ -155,26 +156,38 @@ func perftestOnce(ctx context.Context, exe, test string, size int64, cpus []int,
 }
 
 func perftestPair(ctx context.Context, exe string, port int, test string, size int64, iters, warmup int, cpus []int, log zerolog.Logger) (perftestLine, error) {
-	srvArgs := []string{"-p", strconv.Itoa(port)}
-	var cliCPU []string
+	var srvCPU, cliCPU []string
 	if len(cpus) >= 2 {
-		srvArgs = append(srvArgs, "-c", strconv.Itoa(cpus[0]))
+		srvCPU = []string{"-c", strconv.Itoa(cpus[0])}
 		cliCPU = []string{"-c", strconv.Itoa(cpus[1])}
 	}
-	srv := exec.Command(exe, srvArgs...)
+	srv, err := startPerftestServer(ctx, exe, port, srvCPU)
+	if err != nil {
+		return perftestLine{}, err
+	}
+	defer srv.stop()
+	return perftestClient(ctx, exe, "127.0.0.1", port, test, size, iters, warmup, perftestTimeout(size, iters, warmup), cliCPU, log)
+}
+
+// perftestServer is a running ucx_perftest server, listening.
+type perftestServer struct {
+	cmd  *exec.Cmd
+	done chan struct{}
+}
+
+// startPerftestServer starts ucx_perftest's server on port (every
+// interface) and returns once it listens.
+func startPerftestServer(ctx context.Context, exe string, port int, extra []string) (*perftestServer, error) {
+	srv := exec.Command(exe, append([]string{"-p", strconv.Itoa(port)}, extra...)...)
 	srv.Env = os.Environ()
 	srv.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	var srvOut strings.Builder
 	srv.Stdout, srv.Stderr = &limitedWriter{b: &srvOut, n: 4096}, &limitedWriter{b: &srvOut, n: 4096}
 	if err := srv.Start(); err != nil {
-		return perftestLine{}, fmt.Errorf("starting the ucx_perftest server: %w", err)
+		return nil, fmt.Errorf("starting the ucx_perftest server: %w", err)
 	}
-	srvDone := make(chan struct{})
-	go func() { srv.Wait(); close(srvDone) }()
-	defer func() {
-		srv.Process.Kill()
-		<-srvDone
-	}()
+	s := &perftestServer{cmd: srv, done: make(chan struct{})}
+	go func() { srv.Wait(); close(s.done) }()
 
 	// Wait for the server to listen before starting the client. Its
 	// "Waiting for connection" line sits in a stdio buffer when its output
@@ -183,27 +196,44 @@ func perftestPair(ctx context.Context, exe string, port int, test string, size i
 	deadline := time.Now().Add(10 * time.Second)
 	for !listening(port) {
 		select {
-		case <-srvDone:
-			return perftestLine{}, fmt.Errorf("the ucx_perftest server on port %d exited at once: %s", port, lastLines(srvOut.String(), 3))
+		case <-s.done:
+			return nil, fmt.Errorf("the ucx_perftest server on port %d exited at once: %s", port, lastLines(srvOut.String(), 3))
 		case <-ctx.Done():
-			return perftestLine{}, ctx.Err()
+			s.stop()
+			return nil, ctx.Err()
 		case <-time.After(10 * time.Millisecond):
 		}
 		if time.Now().After(deadline) {
-			return perftestLine{}, fmt.Errorf("the ucx_perftest server on port %d did not start listening within 10s", port)
+			s.stop()
+			return nil, fmt.Errorf("the ucx_perftest server on port %d did not start listening within 10s", port)
 		}
 	}
+	return s, nil
+}
 
-	timeout := 60*time.Second + time.Duration(size)*time.Duration(iters+warmup)/(100<<20)*time.Second
+// stop kills the server by its pid and waits for it.
+func (s *perftestServer) stop() {
+	s.cmd.Process.Kill()
+	<-s.done
+}
+
+// perftestTimeout bounds one ucx_perftest client run.
+func perftestTimeout(size int64, iters, warmup int) time.Duration {
+	return 60*time.Second + time.Duration(size)*time.Duration(iters+warmup)/(100<<20)*time.Second
+}
+
+// perftestClient runs ucx_perftest's client against the server at
+// host:port, for at most timeout, and parses its result.
+func perftestClient(ctx context.Context, exe, host string, port int, test string, size int64, iters, warmup int, timeout time.Duration, extra []string, log zerolog.Logger) (perftestLine, error) {
 	cctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	args := []string{"127.0.0.1", "-p", strconv.Itoa(port), "-t", test, "-s", strconv.FormatInt(size, 10),
+	args := []string{host, "-p", strconv.Itoa(port), "-t", test, "-s", strconv.FormatInt(size, 10),
 		"-n", strconv.Itoa(iters), "-w", strconv.Itoa(warmup), "-f"}
-	args = append(args, cliCPU...)
+	args = append(args, extra...)
 	cli := exec.CommandContext(cctx, exe, args...)
 	cli.Env = os.Environ()
 	cli.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	log.Debug().Str("test", test).Int64("bytes", size).Int("iters", iters).Int("port", port).Msg("running ucx_perftest")
+	log.Debug().Str("test", test).Int64("bytes", size).Int("iters", iters).Str("server", net.JoinHostPort(host, strconv.Itoa(port))).Msg("running ucx_perftest")
 	b, err := cli.CombinedOutput()
 	if err != nil {
 		return perftestLine{}, fmt.Errorf("ucx_perftest %s: %v: %s", strings.Join(args, " "), err, lastLines(string(b), 3))
@@ -252,4 +282,178 @@ func lastLines(s string, n int) string {
 		lines = lines[len(lines)-n:]
 	}
 	return strings.Join(lines, " | ")
+}
+
+// perftestHostLen bounds the host name rank 0 sends rank 1.
+const perftestHostLen = 256
+
+// perftestAcrossIters chooses iteration counts for ucx_perftest between
+// hosts: about 64 MiB moved by tag_lat and 256 MiB by tag_bw, so that a
+// slow network still finishes each test in seconds.
+func perftestAcrossIters(test string, size int64) (iters, warmup int) {
+	budget, lo, hi := int64(64<<20), int64(20), int64(2000)
+	if test == "tag_bw" {
+		budget, lo, hi = 256<<20, 10, 5000
+	}
+	n := min(max(budget/max(size, 1), lo), hi)
+	return int(n), int(max(n/10, 2))
+}
+
+// runPerftestAcross measures tag_lat and tag_bw at every size between rank
+// 0, which runs ucx_perftest's server, and rank 1, its client, connecting to
+// rank 0's host: the figures of the network the ranks use. Every rank of
+// the job takes part (the others only in the bookkeeping); rank 0 returns
+// the results. A size that fails is reported in its Error, as in
+// RunPerftest; ucx_perftest missing on rank 0 or 1 fails every rank. wait
+// is the ranks' exchange deadline: a client run must end well within it,
+// since the other ranks wait for its result.
+func runPerftestAcross(ctx context.Context, k *collective, path, rendezvous string, sizes []int64, wait time.Duration, log zerolog.Logger, progress func(done int)) ([]PerftestResult, error) {
+	if path == "" {
+		path = "ucx_perftest"
+	}
+	exe, lookErr := exec.LookPath(path)
+	missing := []float64{0}
+	if lookErr != nil && k.rank <= 1 {
+		missing[0] = float64(k.rank + 1)
+	}
+	if err := k.allreduce(missing, maxf); err != nil {
+		return nil, err
+	}
+	if missing[0] > 0 {
+		return nil, fmt.Errorf("ucx_perftest (%s) not found on rank %d: install UCX's tools (Debian: ucx-utils) or pass --perftest-path", path, int(missing[0])-1)
+	}
+	host := ""
+	if k.rank == 0 {
+		host = perftestHost(rendezvous)
+		log.Debug().Str("host", host).Msg("ucx_perftest server address for rank 1")
+	}
+	var out []PerftestResult
+	for i, size := range sizes {
+		res := PerftestResult{Bytes: size}
+		var failed []string
+		for _, test := range []string{"tag_lat", "tag_bw"} {
+			iters, warmup := perftestAcrossIters(test, size)
+			limit := min(perftestTimeout(size, iters, warmup), wait*3/4)
+			value, err := perftestAcrossOnce(ctx, k, exe, host, test, size, iters, warmup, limit, log)
+			var pe perftestError
+			switch {
+			case errors.As(err, &pe):
+				failed = append(failed, err.Error())
+				continue
+			case err != nil:
+				return nil, err
+			}
+			if test == "tag_lat" {
+				res.LatencyUS, res.LatIters = value, iters
+			} else {
+				res.BWGBs, res.BWIters = value*(1<<20)/1e9, iters
+			}
+		}
+		if len(failed) > 0 {
+			res.Error = strings.Join(failed, "; ")
+			if k.rank == 0 {
+				log.Warn().Str("error", res.Error).Int64("bytes", size).Msg("ucx_perftest failed at this size")
+			}
+		}
+		out = append(out, res)
+		if progress != nil {
+			progress(i + 1)
+		}
+	}
+	if k.rank != 0 {
+		return nil, nil
+	}
+	return out, nil
+}
+
+// perftestError is a failed ucx_perftest run, reported in its row; other
+// errors (the ranks' own exchanges) end the benchmark.
+type perftestError struct{ error }
+
+// perftestAcrossOnce runs one server (rank 0) and client (rank 1) pair and
+// returns, on rank 0, tag_lat's median latency (us) or tag_bw's overall
+// bandwidth (MiB/s).
+func perftestAcrossOnce(ctx context.Context, k *collective, exe, host, test string, size int64, iters, warmup int, limit time.Duration, log zerolog.Logger) (float64, error) {
+	// Rank 0 to everyone: [ok, port, len(host), host...].
+	msg := make([]float64, 3+perftestHostLen)
+	var srvErr error
+	if k.rank == 0 {
+		port, err := freePort("")
+		var srv *perftestServer
+		if err == nil {
+			srv, err = startPerftestServer(ctx, exe, port, nil)
+		}
+		if err != nil {
+			srvErr = err
+		} else {
+			defer srv.stop()
+			msg[0], msg[1], msg[2] = 1, float64(port), float64(min(len(host), perftestHostLen))
+			for j := 0; j < int(msg[2]); j++ {
+				msg[3+j] = float64(host[j])
+			}
+		}
+	}
+	if err := k.broadcast(msg); err != nil {
+		return 0, err
+	}
+	// Rank 1 to rank 0: [1 and the figure, or -1].
+	res := []float64{0, 0}
+	if k.rank == 1 && msg[0] == 1 {
+		b := make([]byte, int(msg[2]))
+		for j := range b {
+			b[j] = byte(msg[3+j])
+		}
+		line, err := perftestClient(ctx, exe, string(b), int(msg[1]), test, size, iters, warmup, limit, nil, log)
+		switch {
+		case err != nil:
+			log.Warn().Err(err).Str("test", test).Int64("bytes", size).Msg("ucx_perftest client failed")
+			res[0] = -1
+		case test == "tag_lat":
+			res[0], res[1] = 1, line.latP50
+		default:
+			res[0], res[1] = 1, line.bwOverallMiBs
+		}
+	}
+	if err := k.reduce(res, sumf); err != nil {
+		return 0, err
+	}
+	switch {
+	case k.rank != 0:
+		return 0, nil
+	case srvErr != nil:
+		return 0, perftestError{srvErr}
+	case res[0] != 1:
+		return 0, perftestError{fmt.Errorf("ucx_perftest %s client on rank 1 against %s failed (rank 1's log says why)", test, host)}
+	}
+	return res[1], nil
+}
+
+// perftestHost is the address rank 1 reaches rank 0's ucx_perftest server
+// at: the address of the first device UCX_NET_DEVICES names, else the
+// address this host reaches the rendezvous from (loopback when the
+// rendezvous is on loopback), else the host name.
+func perftestHost(rendezvous string) string {
+	for _, dev := range strings.Split(os.Getenv("UCX_NET_DEVICES"), ",") {
+		name, _, _ := strings.Cut(strings.TrimSpace(dev), ":")
+		if name == "" || name == "all" {
+			continue
+		}
+		if ifc, err := net.InterfaceByName(name); err == nil {
+			if addrs, err := ifc.Addrs(); err == nil {
+				for _, a := range addrs {
+					if ipn, ok := a.(*net.IPNet); ok && ipn.IP.To4() != nil {
+						return ipn.IP.String()
+					}
+				}
+			}
+		}
+	}
+	if c, err := net.Dial("udp", rendezvous); err == nil {
+		defer c.Close()
+		if a, ok := c.LocalAddr().(*net.UDPAddr); ok {
+			return a.IP.String()
+		}
+	}
+	h, _ := os.Hostname()
+	return h
 }

@@ -169,7 +169,11 @@ func (t *table) header(m *Meta, cases []Case) {
 		fmt.Fprintf(t.w, "# binding: rank r on CPU %s (rank order)\n", intList(o.RankCPUs))
 	}
 	if t.perftest {
-		fmt.Fprintf(t.w, "# ucx_perftest, run in this same run on this host: tag_lat p50 (one-way, half a round trip) and tag_bw (one stream)\n")
+		where := "on this host"
+		if o.PerftestAcross {
+			where = "between hosts (server on rank 0, client on rank 1)"
+		}
+		fmt.Fprintf(t.w, "# ucx_perftest, run in this same run %s: tag_lat p50 (one-way, half a round trip) and tag_bw (one stream)\n", where)
 		fmt.Fprintf(t.w, "#   lat ratio = our p50 / tag_lat (lower is better); bw ratio = our busbw / tag_bw (higher is better)\n")
 	}
 	fmt.Fprintln(t.w, "#")

@@ -57,7 +57,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if rank == 0 {
 		prog = NewProgress(cfg.Stderr, o.Progress, cfg.StderrIsTerminal)
 	}
-	if rank == 0 && o.ComparePerftest && o.Perftest == nil {
+	if rank == 0 && o.ComparePerftest && o.Perftest == nil && !o.PerftestAcross {
 		sizes := perftestSizes(cases)
 		prog.Start(len(sizes), "ucx_perftest")
 		pt, err := RunPerftest(ctx, o.PerftestPath, sizes, perftestCPUs(o.RankCPUs), log, prog.Set)
@@ -79,6 +79,16 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		return nil, err
 	}
 	defer coll.close()
+	if o.ComparePerftest && o.PerftestAcross && c.Size() > 1 {
+		sizes := perftestSizes(cases)
+		prog.Start(len(sizes), "ucx_perftest")
+		pt, err := runPerftestAcross(ctx, coll, o.PerftestPath, c.Config().Rendezvous, sizes, c.Config().Timeout, log, prog.Set)
+		prog.Finish()
+		if err != nil {
+			return nil, err
+		}
+		o.Perftest = pt
+	}
 
 	var tab *table
 	var meta *Meta

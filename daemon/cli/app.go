@@ -103,9 +103,10 @@ First steps on a new machine:
    halod bench --local 2 --check   run 2 ranks on this machine and verify the data
    halod bench --local 4 --max-bytes 4M --plot bench.png
 
-On a cluster, run "halod bench" under your launcher (torchrun --no-python,
+On a cluster, run "halod bench" under your launcher (torchrun --no_python,
 mpirun, srun); ranks come from RANK/WORLD_SIZE, OMPI_COMM_WORLD_* or SLURM_*.
-"halod serve" is a rendezvous service that many jobs can share.
+"halod serve" is a rendezvous service that many jobs can share
+("halod bench --help" shows the command lines).
 
 Every flag can also be set with the HALO_* environment variable shown beside it.
 Exit status: 0 success, 1 failure, 2 bad usage, 3 benchmark data was wrong.`,

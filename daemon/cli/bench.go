@@ -9,7 +9,6 @@ import (
 	"net"
 	"os"
 	"os/signal"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -35,7 +34,7 @@ func benchFlags() []ucli.Flag {
 		&ucli.IntFlag{Name: "local", EnvVars: []string{"HALO_BENCH_LOCAL"},
 			Usage: "start `N` ranks on this machine (without it, ranks come from the launcher: torchrun, mpirun, srun)"},
 		&ucli.StringFlag{Name: "bind", Value: "auto", EnvVars: []string{"HALO_BENCH_BIND"},
-			Usage: "pin each rank to a CPU: cpu (round robin over the CPUs this process may use, by local rank), none, or auto (cpu with --local when there are enough CPUs, none under a launcher, which binds itself)"},
+			Usage: "pin each rank to a CPU: cpu (round robin over the CPUs this process may use, by local rank), none, or auto (cpu with --local and under torchrun when the ranks fit the CPUs; none under mpirun or srun, which bind their ranks)"},
 		// Workload.
 		&ucli.GenericFlag{Name: "min-bytes", Aliases: []string{"b"}, Value: ptr(byteSize(d.MinBytes)), EnvVars: []string{"HALO_BENCH_MIN_BYTES"},
 			Usage: "smallest halo of the sweep, per side (8, 2K, 1M, ...)"},
@@ -89,7 +88,7 @@ func benchFlags() []ucli.Flag {
 		&ucli.IntFlag{Name: "world-size", EnvVars: []string{"HALO_WORLD_SIZE"},
 			Usage: "the number of ranks, with --rank"},
 		&ucli.StringFlag{Name: "rendezvous", EnvVars: []string{comm.SettingRendezvous.Env},
-			Usage: "host:port where the ranks meet: rank 0's host (it listens there), or a halod serve with --external-rendezvous (default " + comm.DefaultRendezvous + " on one host)"},
+			Usage: "host:port where the ranks meet: rank 0's host (it listens there), or a halod serve with --external-rendezvous (default: MASTER_ADDR:MASTER_PORT+1 when set, as under torchrun; else " + comm.DefaultRendezvous + " on one host; with --local a private one)"},
 		boolFlag{&ucli.BoolFlag{Name: "external-rendezvous", EnvVars: []string{comm.SettingRendezvousExternal.Env},
 			Usage: comm.SettingRendezvousExternal.Means}},
 		&ucli.StringFlag{Name: "token", EnvVars: []string{comm.SettingToken.Env},
@@ -113,8 +112,17 @@ func benchCommand() *ucli.Command {
 halod bench --local 4 --max-bytes 4M --plot bench.png --json bench.json
 halod bench --local 2 -b 2K -e 2M -f 1024 --compare-perftest    beside ucx_perftest, same sizes
 halod bench --local 2 --shape 1x128x16x64x64 --dim 2 --left 2 --right 2 --dtype bf16
-torchrun --nproc-per-node 8 --no-python halod bench --check     one rank per process of the launcher
-mpirun -np 8 halod bench        srun -n 8 halod bench
+torchrun --nproc_per_node 2 -r 1 -t 1 --no_python halod bench --check -b 8 -e 64K --iters 20
+    under PyTorch 1.13's torchrun (-r 1 -t 1 works around its crash on Python 3.11;
+    PyTorch 2.x: torchrun --nproc-per-node 2 --no-python halod bench ...)
+mpirun --allow-run-as-root --oversubscribe -np 2 halod bench --check -b 8 -e 64K --iters 20
+    under Open MPI (--allow-run-as-root only as root)        srun -n 8 halod bench
+HALO_RENDEZVOUS=host:29700 HALO_RENDEZVOUS_EXTERNAL=1 HALO_TOKEN=... UCX_NET_DEVICES=eth0 \
+  halod bench --rank R --world-size W --check      across hosts, meeting at a halod serve
+
+Under torchrun, rank 0 hosts the rendezvous at MASTER_ADDR:MASTER_PORT+1 (torchrun's
+store holds MASTER_PORT). With several hosts, --compare-perftest runs ucx_perftest's
+server on rank 0's host and its client on rank 1's.
 
 Columns: size = halo bytes per side; time = the slowest rank's call, median
 (p50) and 99th percentile over the iterations; algbw = size / p50;
@@ -177,7 +185,9 @@ type rankConfig struct {
 	Rank             int               `json:"rank"`
 	Size             int               `json:"size"`
 	Rendezvous       string            `json:"rendezvous"`
+	HostRendezvous   bool              `json:"host_rendezvous"` // rank 0 hosts it at Rendezvous
 	Job              string            `json:"job"`
+	Attempt          string            `json:"attempt"`
 	Timeout          time.Duration     `json:"timeout_ns"`
 	BootstrapTimeout time.Duration     `json:"bootstrap_timeout_ns"`
 	LogLevel         string            `json:"log_level"`
@@ -228,7 +238,7 @@ func bench(c *ucli.Context) error {
 			return usagef(c, "%v", err)
 		}
 		if !ok {
-			return usagef(c, "no ranks to run: pass --local N to start N ranks on this machine (e.g. halod bench --local 2 --check), or start halod bench under a launcher (torchrun --no-python, mpirun, srun), or give --rank and --world-size")
+			return usagef(c, "no ranks to run: pass --local N to start N ranks on this machine (e.g. halod bench --local 2 --check), or start halod bench under a launcher (torchrun --no_python, mpirun, srun), or give --rank and --world-size")
 		}
 		place = p
 	}
@@ -242,27 +252,40 @@ func bench(c *ucli.Context) error {
 	if cfg.Attempt == "" {
 		cfg.Attempt = place.Attempt
 	}
-	if cfg.Rendezvous == "" {
+	if cfg.Rendezvous == "" && !cfg.ExternalServer {
+		_, defaultPort, _ := net.SplitHostPort(comm.DefaultRendezvous)
+		master, ok, err := place.MasterRendezvous(defaultPort)
 		switch {
-		case place.SingleHost() || place.Launcher == "flags" || place.Nodes < 0 && place.LocalSize < 0 && place.MasterAddr == "":
+		case err != nil:
+			return usagef(c, "%v", err)
+		case ok:
+			// torchrun's MASTER_ADDR is rank 0's host; its store holds MASTER_PORT.
+			cfg.Rendezvous = master
+		case place.SingleHost() || place.Launcher == "flags" || place.Nodes < 0 && place.LocalSize < 0:
 			cfg.Rendezvous = comm.DefaultRendezvous
-		case place.MasterAddr != "":
-			_, port, _ := net.SplitHostPort(comm.DefaultRendezvous)
-			cfg.Rendezvous = net.JoinHostPort(place.MasterAddr, port)
 		default:
-			return usagef(c, "the ranks run on several hosts: set --rendezvous (%s) to host:port on rank 0's host, and a --token (%s)",
+			return usagef(c, "the ranks run on several hosts: set --rendezvous (%s) to host:port on rank 0's host, or MASTER_ADDR (and MASTER_PORT: the rendezvous takes MASTER_PORT+1), and a --token (%s)",
 				comm.SettingRendezvous.Env, comm.SettingToken.Env)
 		}
+		log.Debug().Str("rendezvous", cfg.Rendezvous).Msg("rank 0 hosts the rendezvous")
 	}
-	if o.ComparePerftest && cfg.Rank == 0 && !place.SingleHost() && place.Size > 1 {
-		log.Warn().Msg("ucx_perftest runs between two processes on rank 0's host, but the ranks span hosts: compare with care")
-	}
-	if o.ComparePerftest {
+	// ucx_perftest: both ends on rank 0's host before the ranks connect
+	// when all ranks share it; otherwise rank 0 serves and rank 1 is the
+	// client, across the network the ranks use, once they are connected.
+	o.PerftestAcross = o.ComparePerftest && !place.SingleHost() && place.Size > 1
+	if o.ComparePerftest && !o.PerftestAcross {
 		// Rank 0 runs ucx_perftest before it joins the rendezvous; the
 		// others wait for it there.
 		cfg.BootstrapTimeout += perftestAllowance
 	}
 	o.Launcher = place.Launcher
+	if bind == "auto" && place.Launcher == "torchrun" && place.LocalSize > 0 {
+		// torchrun does not bind its workers (mpirun and srun do): bind
+		// them by local rank when they fit the CPUs, as --local does.
+		if cpus, err := launch.AllowedCPUs(); err == nil && place.LocalSize <= len(cpus) {
+			bind = "cpu"
+		}
+	}
 	if bind == "cpu" {
 		cpus, err := launch.AllowedCPUs()
 		if err != nil {
@@ -302,43 +325,66 @@ func runRank(c *ucli.Context, log zerolog.Logger, cfg comm.Config, o benchmark.O
 	return failed(log.With().Int("rank", cfg.Rank).Logger(), exitFailure, err, "benchmark failed")
 }
 
-// benchLocal starts n ranks of this program on this machine. They meet at
-// a rendezvous this process serves on a free loopback port, with a fresh
-// token, so that concurrent runs never meet each other.
+// benchLocal starts n ranks of this program on this machine. By default
+// they meet at a rendezvous this process serves on a free loopback port,
+// with a fresh token, so that concurrent runs never meet each other. With
+// --external-rendezvous they meet at that halod serve instead (with its
+// token); with only --rendezvous, rank 0 hosts there.
 func benchLocal(c *ucli.Context, log zerolog.Logger, o benchmark.Options, n int, timeout, boot time.Duration, bind string) error {
 	exe, err := os.Executable()
 	if err != nil {
 		return failed(log, exitFailure, err, "cannot find this program to start the ranks")
 	}
-	secret := make([]byte, 16)
-	rand.Read(secret)
-	token := hex.EncodeToString(secret)
 	jobID := c.String("job-id")
 	if jobID == "" {
 		jobID = "halo-bench-local"
 	}
-
-	// The private rendezvous's routine lines only show at debug level.
-	srvLevel := log.GetLevel()
-	if srvLevel > zerolog.DebugLevel {
-		srvLevel = max(srvLevel, zerolog.WarnLevel)
+	// A fresh attempt per run: a rerun never meets a previous run's
+	// addresses on a shared server.
+	attempt := c.String("attempt")
+	if attempt == "" {
+		attempt = randomHex(8)
 	}
-	srv, err := rendezvous.NewServer(rendezvous.ServerConfig{Token: token, Logger: log.With().Str("component", "rendezvous").Logger().Level(srvLevel)})
-	if err != nil {
-		return failed(log, exitFailure, err, "cannot start the rendezvous")
+	token := c.String("token")
+	external, addr := c.Bool("external-rendezvous"), c.String("rendezvous")
+	host := true // rank 0 hosts the rendezvous at addr
+	switch {
+	case external:
+		if addr == "" {
+			addr = comm.DefaultRendezvous
+		}
+		host = false
+		log.Info().Str("rendezvous", addr).Str("job", jobID).Str("attempt", attempt).Msg("the local ranks meet at a shared halod serve")
+	case addr != "":
+		if token == "" {
+			token = randomHex(16)
+		}
+		log.Debug().Str("rendezvous", addr).Msg("rank 0 hosts the rendezvous")
+	default:
+		token = randomHex(16)
+		// The private rendezvous's routine lines only show at debug level.
+		srvLevel := log.GetLevel()
+		if srvLevel > zerolog.DebugLevel {
+			srvLevel = max(srvLevel, zerolog.WarnLevel)
+		}
+		srv, err := rendezvous.NewServer(rendezvous.ServerConfig{Token: token, Logger: log.With().Str("component", "rendezvous").Logger().Level(srvLevel)})
+		if err != nil {
+			return failed(log, exitFailure, err, "cannot start the rendezvous")
+		}
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return failed(log, exitFailure, err, "cannot start the rendezvous")
+		}
+		served := make(chan error, 1)
+		go func() { served <- srv.Serve(l) }()
+		defer func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			defer cancel()
+			srv.Shutdown(ctx)
+			<-served
+		}()
+		addr, host = l.Addr().String(), false
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return failed(log, exitFailure, err, "cannot start the rendezvous")
-	}
-	served := make(chan error, 1)
-	go func() { served <- srv.Serve(l) }()
-	defer func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		defer cancel()
-		srv.Shutdown(ctx)
-		<-served
-	}()
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
@@ -385,7 +431,7 @@ func benchLocal(c *ucli.Context, log zerolog.Logger, o benchmark.Options, n int,
 		o.Perftest = pt
 	}
 
-	rc := rankConfig{Size: n, Rendezvous: l.Addr().String(), Job: jobID, Timeout: timeout, BootstrapTimeout: boot,
+	rc := rankConfig{Size: n, Rendezvous: addr, HostRendezvous: host, Job: jobID, Attempt: attempt, Timeout: timeout, BootstrapTimeout: boot,
 		LogLevel: flagString(c, "log-level"), LogFormat: flagString(c, "log-format"), Options: o}
 	base := make([]string, 0, len(os.Environ())+2)
 	for _, kv := range os.Environ() {
@@ -430,6 +476,12 @@ func benchLocal(c *ucli.Context, log zerolog.Logger, o benchmark.Options, n int,
 	return failed(log, exitFailure, err, "cannot run the ranks")
 }
 
+func randomHex(n int) string {
+	b := make([]byte, n)
+	rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
 // benchRankCommand is the hidden command a --local rank runs.
 func benchRankCommand() *ucli.Command {
 	return &ucli.Command{
@@ -456,7 +508,7 @@ func benchRankCommand() *ucli.Command {
 				log.Debug().Int("rank", rc.Rank).Int("cpu", cpus[rc.Rank]).Msg("bound to a CPU")
 			}
 			cfg := comm.Config{Rank: rc.Rank, Size: rc.Size, Rendezvous: rc.Rendezvous, Token: os.Getenv(comm.SettingToken.Env),
-				Job: rc.Job, Attempt: strconv.Itoa(os.Getppid()), Timeout: rc.Timeout, BootstrapTimeout: rc.BootstrapTimeout, ExternalServer: true}
+				Job: rc.Job, Attempt: rc.Attempt, Timeout: rc.Timeout, BootstrapTimeout: rc.BootstrapTimeout, ExternalServer: !rc.HostRendezvous}
 			return runRank(c, log, cfg, rc.Options)
 		},
 	}

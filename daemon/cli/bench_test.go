@@ -3,6 +3,7 @@ package cli
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"net"
 	"os"
 	"os/exec"
@@ -51,6 +52,10 @@ func TestBenchLocal2Check(t *testing.T) {
 		if len(f) != 10 || f[9] != "0" || f[4] != "20" {
 			t.Errorf("row %q: want 10 columns, 20 iterations, 0 wrong", row)
 		}
+	}
+	// Logs go to stderr, whatever it is: stdout is the table alone.
+	if !strings.Contains(r.stderr, "wrote results") || strings.Contains(r.stdout, `"level"`) {
+		t.Errorf("the log lines are not on stderr alone:\nstdout:\n%s\nstderr:\n%s", r.stdout, r.stderr)
 	}
 	var rep benchmark.Report
 	b, err := os.ReadFile(jsonPath)
@@ -224,4 +229,98 @@ func TestBenchThroughHalodServe(t *testing.T) {
 		}
 	}
 	srv.stderr.waitLog(t, "job complete")
+}
+
+// repeatsPrefix reports whether msg holds the same words twice in a row
+// between colons, as "rendezvous failed: rendezvous failed: ...".
+func repeatsPrefix(msg string) bool {
+	parts := strings.Split(msg, ": ")
+	for i := 1; i < len(parts); i++ {
+		if strings.TrimSpace(parts[i]) == strings.TrimSpace(parts[i-1]) {
+			return true
+		}
+	}
+	return false
+}
+
+// Failures say what failed once: no message repeats its prefix.
+func TestMessagesSayTheirPrefixOnce(t *testing.T) {
+	closed := freeAddr(t)
+	for _, tc := range []struct {
+		env  []string
+		args []string
+		want string
+	}{
+		{[]string{"HALO_RENDEZVOUS=" + closed, "HALO_RENDEZVOUS_EXTERNAL=1"},
+			[]string{"bench", "--rank", "1", "--world-size", "2", "--bootstrap-timeout", "1s"}, "could not reach"},
+		{[]string{"HALO_RENDEZVOUS=192.0.2.1:29700"}, []string{"bench", "--rank", "1", "--world-size", "2"}, "token is required"},
+		{[]string{"HALO_TIMEOUT_MS=soon"}, []string{"bench", "--local", "2"}, "HALO_TIMEOUT_MS"},
+		{[]string{"MASTER_ADDR=127.0.0.1", "MASTER_PORT=http", "RANK=0", "WORLD_SIZE=2"}, []string{"bench"}, "MASTER_PORT"},
+	} {
+		r := halod(t, tc.env, append(tc.args, "--log-format", "json")...)
+		if r.code == 0 || !strings.Contains(r.stderr, tc.want) {
+			t.Errorf("%v %v: exit %d, want a failure naming %q:\n%s", tc.env, tc.args, r.code, tc.want, r.stderr)
+		}
+		for _, line := range strings.Split(strings.TrimSpace(r.stderr), "\n") {
+			var m map[string]any
+			msg := line
+			if json.Unmarshal([]byte(line), &m) == nil {
+				msg = fmt.Sprint(m["error"])
+			}
+			if repeatsPrefix(msg) {
+				t.Errorf("%v %v: %q repeats its prefix", tc.env, tc.args, msg)
+			}
+		}
+	}
+}
+
+// --local with HALO_RENDEZVOUS_EXTERNAL: the local ranks meet at the given
+// halod serve (with its token), not at a private rendezvous; a wrong token
+// is refused there.
+func TestBenchLocalUsesTheSharedService(t *testing.T) {
+	srv, addr := startServe(t, nil)
+	env := []string{"HALO_RENDEZVOUS=" + addr, "HALO_RENDEZVOUS_EXTERNAL=1", "HALO_JOB_ID=shared-local"}
+	args := []string{"bench", "--local", "2", "--check", "-b", "64", "-e", "64", "--iters", "5", "--op", "forward", "--bootstrap-timeout", "10s"}
+	r := halod(t, append(env, "HALO_TOKEN="+serveToken), args...)
+	if r.code != 0 || !strings.Contains(r.stdout, "PASS") {
+		t.Fatalf("exit %d\n%s\n%s", r.code, r.stdout, r.stderr)
+	}
+	if m := srv.stderr.waitLog(t, "job complete"); m["job"] != "shared-local" {
+		t.Errorf("halod serve saw %v, not job shared-local", m)
+	}
+	r = halod(t, append(env, "HALO_TOKEN=wrong"), args...)
+	if r.code != 1 || !strings.Contains(r.stderr, "rejected the token") {
+		t.Errorf("wrong token: exit %d\n%s", r.code, r.stderr)
+	}
+	// Without EXTERNAL, rank 0 hosts at HALO_RENDEZVOUS itself.
+	own := freeAddr(t)
+	r = halod(t, []string{"HALO_RENDEZVOUS=" + own}, append(args, "--log-level", "debug", "--log-format", "json")...)
+	if r.code != 0 || !strings.Contains(r.stderr, `"rendezvous":"`+own+`"`) {
+		t.Errorf("--local with HALO_RENDEZVOUS=%s: exit %d\n%s", own, r.code, r.stderr)
+	}
+}
+
+// Under torchrun the rendezvous is MASTER_ADDR at MASTER_PORT+1: torchrun's
+// own store holds MASTER_PORT.
+func TestBenchTorchrunMasterPort(t *testing.T) {
+	free := freeAddr(t)
+	_, p, _ := net.SplitHostPort(free)
+	port, _ := strconv.Atoi(p)
+	master := strconv.Itoa(port - 1)
+	env := func(rank int) []string {
+		return []string{"RANK=" + strconv.Itoa(rank), "WORLD_SIZE=2", "LOCAL_RANK=" + strconv.Itoa(rank), "LOCAL_WORLD_SIZE=2",
+			"MASTER_ADDR=127.0.0.1", "MASTER_PORT=" + master}
+	}
+	args := []string{"bench", "--check", "-b", "64", "-e", "64", "--iters", "5", "--op", "forward", "--log-level", "debug", "--log-format", "json"}
+	r1 := startHalod(t, env(1), args...)
+	r0 := halod(t, env(0), args...)
+	if r0.code != 0 || !strings.Contains(r0.stdout, "2 ranks (torchrun)") {
+		t.Fatalf("rank 0: exit %d\n%s\n%s", r0.code, r0.stdout, r0.stderr)
+	}
+	if !strings.Contains(r0.stderr, `"rendezvous":"127.0.0.1:`+p+`"`) {
+		t.Errorf("rank 0 did not host at MASTER_PORT+1 = %s:\n%s", p, r0.stderr)
+	}
+	if code := r1.wait(t, 20*time.Second); code != 0 {
+		t.Errorf("rank 1: exit %d\n%s", code, r1.stderr.String())
+	}
 }

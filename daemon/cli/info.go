@@ -233,6 +233,6 @@ func printInfo(w io.Writer, r *infoReport) {
 	case r.Launcher != nil:
 		fmt.Fprintf(w, "Launcher: %s (halod bench runs as this rank)\n", r.Launcher.Describe())
 	default:
-		fmt.Fprintln(w, "Launcher: none detected; \"halod bench --local N\" starts N ranks here, or run halod bench under torchrun --no-python, mpirun or srun")
+		fmt.Fprintln(w, "Launcher: none detected; \"halod bench --local N\" starts N ranks here, or run halod bench under torchrun --no_python, mpirun or srun")
 	}
 }

@@ -58,7 +58,8 @@ func cleanEnv(extra ...string) []string {
 	for _, kv := range os.Environ() {
 		k, _, _ := strings.Cut(kv, "=")
 		switch {
-		case strings.HasPrefix(k, "HALO_"), k == "RANK", k == "WORLD_SIZE", strings.HasPrefix(k, "OMPI_"),
+		case strings.HasPrefix(k, "HALO_"), k == "RANK", k == "WORLD_SIZE", k == "LOCAL_RANK", k == "LOCAL_WORLD_SIZE",
+			k == "MASTER_ADDR", k == "MASTER_PORT", strings.HasPrefix(k, "TORCHELASTIC_"), strings.HasPrefix(k, "OMPI_"),
 			strings.HasPrefix(k, "SLURM_"), strings.HasPrefix(k, "PMI_"):
 			continue
 		}

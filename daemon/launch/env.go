@@ -6,6 +6,7 @@ package launch
 
 import (
 	"fmt"
+	"net"
 	"strconv"
 	"strings"
 )
@@ -19,8 +20,9 @@ type Placement struct {
 	LocalRank int
 	LocalSize int
 	Nodes     int
-	// MasterAddr is torchrun's MASTER_ADDR (rank 0's host), if set.
-	MasterAddr string
+	// MasterAddr and MasterPort are MASTER_ADDR and MASTER_PORT (rank 0's
+	// host, and the port of torchrun's own store there), if set.
+	MasterAddr, MasterPort string
 	// JobID and Attempt name the job for the rendezvous, when the
 	// launcher has names for them ("" otherwise).
 	JobID   string
@@ -68,7 +70,26 @@ func Variables() []string {
 			}
 		}
 	}
-	return append(vs, "SLURM_STEP_NUM_TASKS", "SLURM_NNODES", "MASTER_ADDR")
+	return append(vs, "SLURM_STEP_NUM_TASKS", "SLURM_NNODES", "MASTER_ADDR", "MASTER_PORT")
+}
+
+// MasterRendezvous is where the ranks meet when the launcher names rank 0's
+// host: MASTER_ADDR, at port MASTER_PORT+1, since torchrun's own store
+// listens on MASTER_PORT itself; at defaultPort when MASTER_PORT is unset.
+// ok is false without MASTER_ADDR.
+func (p Placement) MasterRendezvous(defaultPort string) (addr string, ok bool, err error) {
+	if p.MasterAddr == "" {
+		return "", false, nil
+	}
+	port := defaultPort
+	if p.MasterPort != "" {
+		n, err := strconv.Atoi(p.MasterPort)
+		if err != nil || n < 1 || n > 65534 {
+			return "", false, fmt.Errorf("MASTER_PORT=%q: want a port number from 1 to 65534 (the rendezvous takes MASTER_PORT+1)", p.MasterPort)
+		}
+		port = strconv.Itoa(n + 1)
+	}
+	return net.JoinHostPort(strings.Trim(p.MasterAddr, "[]"), port), true, nil
 }
 
 // Detect reads the launcher's variables through getenv. It returns ok =
@@ -110,9 +131,9 @@ func Detect(getenv func(string) string) (p Placement, ok bool, err error) {
 		if l.name == "slurm" && p.Nodes < 0 {
 			p.Nodes = opt("SLURM_NNODES")
 		}
-		if l.name == "torchrun" {
-			p.MasterAddr = strings.TrimSpace(getenv("MASTER_ADDR"))
-		}
+		// torchrun sets them; under another launcher a user may export them.
+		p.MasterAddr = strings.TrimSpace(getenv("MASTER_ADDR"))
+		p.MasterPort = strings.TrimSpace(getenv("MASTER_PORT"))
 		if l.jobID != "" {
 			p.JobID = getenv(l.jobID)
 			if l.extra != "" && p.JobID != "" && getenv(l.extra) != "" {

@@ -63,6 +63,29 @@ func TestDetect(t *testing.T) {
 	}
 }
 
+func TestMasterRendezvous(t *testing.T) {
+	for _, tc := range []struct {
+		addr, port, want string
+		ok, bad          bool
+	}{
+		{"", "29500", "", false, false},
+		{"n0", "29500", "n0:29501", true, false},
+		{"10.0.0.1", "", "10.0.0.1:29700", true, false},
+		{"[fd00::1]", "1234", "[fd00::1]:1235", true, false},
+		{"n0", "65535", "", false, true},
+		{"n0", "x", "", false, true},
+	} {
+		got, ok, err := Placement{MasterAddr: tc.addr, MasterPort: tc.port}.MasterRendezvous("29700")
+		if got != tc.want || ok != tc.ok || (err != nil) != tc.bad {
+			t.Errorf("MASTER_ADDR=%q MASTER_PORT=%q: %q, %v, %v; want %q, %v, error %v", tc.addr, tc.port, got, ok, err, tc.want, tc.ok, tc.bad)
+		}
+	}
+	p, ok, err := Detect(env("OMPI_COMM_WORLD_RANK", "0", "OMPI_COMM_WORLD_SIZE", "2", "MASTER_ADDR", "h", "MASTER_PORT", "7"))
+	if !ok || err != nil || p.MasterAddr != "h" || p.MasterPort != "7" {
+		t.Errorf("MASTER_ADDR/MASTER_PORT under mpirun: %+v %v %v", p, ok, err)
+	}
+}
+
 func sh(script string) *Local {
 	return &Local{
 		Path: "/bin/sh",

@@ -6,9 +6,9 @@
 The same signature and numbers as the torch.distributed reference, over
 libhalo (UCX) instead of torch.distributed P2P: no packing of boundary
 slabs, no zero halos and ``torch.cat`` per call, and errors instead of hangs.
-Pure Python over ``libhalo.so`` through ctypes; the library is found through
-``HALO_LIBRARY``, next to this package, in the source tree's ``build/lib``,
-or on the dynamic loader's path.
+Python over ``libhalo.so`` through ctypes; the library is found through
+``HALO_LIBRARY``, inside this package (where the wheel puts it), in a source
+checkout's ``build/lib``, or on the dynamic loader's path.
 """
 
 from ._comm import Communicator, clear_plans, communicator, destroy_communicator

@@ -208,7 +208,7 @@ def communicator(group=None, *, timeout: float | None = None) -> Communicator:
     The first call for a group is collective (every rank of the group calls
     it); later calls return the same object. ``timeout`` (seconds) bounds
     every wait of the exchanges on it; unset, it comes from HALO_TIMEOUT_MS,
-    else the library's default (120 s). It applies when the communicator is
+    else the library's default (the README's configuration table). It applies when the communicator is
     made: to change it, destroy the communicator first.
     """
     group = resolve_group(group)

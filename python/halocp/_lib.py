@@ -115,8 +115,17 @@ class PlanParams(ctypes.Structure):
     ]
 
 
+def _source_tree(package_dir: Path) -> Path | None:
+    """The repository's root when this package is python/halocp of a checkout."""
+    root = package_dir.parent.parent
+    if (root / "CMakeLists.txt").is_file() and (root / "include" / "halo.h").is_file():
+        return root
+    return None
+
+
 def _candidates() -> list[tuple[str, Path | str]]:
-    """Where to look for libhalo, in order, with a word on each place."""
+    """Where to look for libhalo, in order, with a word on each place. Only
+    places that apply to this installation are listed."""
     env = os.environ.get("HALO_LIBRARY")
     if env:
         # An explicit choice is the only candidate: falling back to another
@@ -124,9 +133,14 @@ def _candidates() -> list[tuple[str, Path | str]]:
         p = Path(env)
         return [("HALO_LIBRARY", p / "libhalo.so" if p.is_dir() else p)]
     here = Path(__file__).resolve().parent
-    found = [("next to the package", here / "libhalo.so")]
+    root = _source_tree(here)
+    found = []
+    # An installed wheel carries the library here (a checkout does not).
+    if root is None or (here / "libhalo.so").exists():
+        found.append(("inside the package", here / "libhalo.so"))
     # A source checkout: python/halocp/ -> <repo>/build/lib/.
-    found.append(("in the build folder", here.parent.parent / "build" / "lib" / "libhalo.so"))
+    if root is not None:
+        found.append(("in the checkout's build folder", root / "build" / "lib" / "libhalo.so"))
     # An installed prefix on the dynamic loader's path (cmake --install).
     found.append(("on the loader's search path", "libhalo.so.%d" % ABI_MAJOR))
     return found
@@ -151,10 +165,14 @@ def _load() -> ctypes.CDLL:
             return ctypes.CDLL(str(path))
         except OSError as e:
             tried.append(f"{where}: {path} ({e}){_static_tls_hint(str(e))}")
+    if _source_tree(Path(__file__).resolve().parent) is not None:
+        how = "build it in this checkout (cmake -S . -B build && cmake --build build)"
+    else:
+        how = "install halocp from a wheel built from the repository (pip wheel ./python: the wheel carries it)"
     raise HaloError(
         ERR_INVALID_STATE,
-        "halocp: cannot load libhalo.so. Build it (cmake -S . -B build && cmake --build build), "
-        "install it, or set HALO_LIBRARY to its path. Looked:\n  " + "\n  ".join(tried),
+        f"halocp: cannot load libhalo.so: {how}, or set HALO_LIBRARY to the library's path. Looked:\n  "
+        + "\n  ".join(tried),
     )
 
 
@@ -237,7 +255,7 @@ def error(rc: int, what: str) -> HaloError:
     L = lib()
     detail = (L.halo_last_error() or b"").decode(errors="replace")
     reason = (L.halo_strerror(rc) or b"").decode()
-    if detail.startswith(reason):  # the library's messages often lead with it
+    if detail.startswith(reason):  # e.g. "ranks disagree on plan 3 ...": say it once
         return HaloError(rc, f"{what}: {detail}")
     return HaloError(rc, f"{what}: {reason}: {detail}" if detail else f"{what}: {reason}")
 

@@ -15,10 +15,19 @@
 
 #include "launch.h"
 
+/* Whether "a: b" starts with the same words twice ("x: x: ..."),
+ * as it would if the library's message repeated halo_strerror's. */
+static int repeats_prefix(const char *a, const char *b) {
+    size_t n = strlen(a);
+    return !strncmp(a, b, n) && (b[n] == ':' || b[n] == '\0');
+}
+
 static void expect(halo_result_t got, halo_result_t want, const char *needle, const char *what) {
     const char *msg = halo_last_error();
     CHECK(got == want, "%s: got %s, want %s (%s)", what, halo_strerror(got), halo_strerror(want), msg);
     if (got == want && needle) CHECK(strstr(msg, needle) != NULL, "%s: message \"%s\" lacks \"%s\"", what, msg, needle);
+    /* Callers print "strerror: last_error" (docs/cpp.md): one prefix, once. */
+    CHECK(!repeats_prefix(halo_strerror(got), msg), "%s: \"%s: %s\" repeats its prefix", what, halo_strerror(got), msg);
 }
 
 static halo_plan_params_t params(int64_t *shape) {
@@ -62,6 +71,13 @@ static int test_args(void) {
     cp.field_mask = HALO_COMM_PARAM_BOOTSTRAP;
     cp.bootstrap = (halo_bootstrap_t)7;
     expect(halo_comm_create(0, 1, &cp, &c), HALO_ERR_INVALID_ARGUMENT, "unknown bootstrap 7", "bad bootstrap");
+
+    /* Nobody hosts the rendezvous rank 1 looks for: it fails, within the
+     * bootstrap deadline, saying where it looked. */
+    cp.field_mask = HALO_COMM_PARAM_RENDEZVOUS | HALO_COMM_PARAM_BOOTSTRAP_TIMEOUT;
+    cp.rendezvous = "127.0.0.1:1";
+    cp.bootstrap_timeout_ms = 300;
+    expect(halo_comm_create(1, 2, &cp, &c), HALO_ERR_RENDEZVOUS, "127.0.0.1:1", "no rendezvous");
 
     HALO_OK(halo_comm_create(0, 1, NULL, &c)); /* world of one: no rendezvous */
     int rank = -1, world = -1;

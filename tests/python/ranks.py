@@ -340,6 +340,8 @@ def raises(fn, code, what, within=10.0):
         expect(e.code == code, f"{what}: HaloError code {e.code} ({e}), want {code}")
         expect(isinstance(e, RuntimeError), f"{what}: HaloError must be a RuntimeError")
         expect(took < within, f"{what}: took {took:.1f} s")
+        parts = str(e).split(": ")
+        expect(all(a != b for a, b in zip(parts, parts[1:])), f"{what}: the message repeats its prefix: {e}")
         return str(e)
     except Exception as e:  # noqa: BLE001 - any other exception is the failure
         raise Failure(f"{what}: raised {type(e).__name__}: {e}, not HaloError") from e
