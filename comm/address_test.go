@@ -112,16 +112,12 @@ func randomBytes(n int, seed uint64) []byte {
 // the fuzzed bytes as they are (as halo_comm_connect or the rendezvous
 // could be handed them) and, sealed in a proper envelope, as UCX's part
 // (as a forger who knows the format could make them). Neither may panic;
-// what passes must be what ucx.CheckAddress passes.
+// what passes must be what ucx.CheckAddress passes. The seeds in
+// testdata/fuzz/FuzzPeerAddress are what aborted rank 0 inside UCX 1.13:
+// random blobs, a real address with byte 0 (the version: "Assertion
+// addr_version == V2") or byte 51 (an interface overhead's sign) flipped.
 func FuzzPeerAddress(f *testing.F) {
 	raw := realAddress(f)
-	f.Add(randomBytes(300, 1), false)
-	f.Add(randomBytes(300, 2), true)
-	f.Add(sealAddress(raw, 1, 2, testJob), false)
-	f.Add(flip(raw, 0, 0xff), true)  // UCX 1.13: Assertion addr_version == V2
-	f.Add(flip(raw, 51, 0xff), true) // UCX 1.13: negative interface overhead
-	f.Add(flip(sealAddress(raw, 1, 2, testJob), 0, 0xff), false)
-	f.Add(flip(sealAddress(raw, 1, 2, testJob), 51, 0xff), false)
 	f.Fuzz(func(t *testing.T, b []byte, seal bool) {
 		peer := b
 		if seal {

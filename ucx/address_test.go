@@ -218,12 +218,11 @@ var fuzzProbe struct {
 // bytes (first byte even). What it accepts, and what still holds our own
 // device and transport addresses (whose contents it does not judge), is
 // handed to ucp_ep_create: an address that passes the check but trips UCX
-// kills the fuzzer.
+// kills the fuzzer. testdata/fuzz/FuzzCheckAddress holds edits UCX 1.13
+// died of: byte 0 (the version), an overhead's sign, an interface address
+// length, and a random blob.
 func FuzzCheckAddress(f *testing.F) {
-	f.Add([]byte{1, 0, 0xdf})            // byte 0 flipped: version 15
-	f.Add([]byte{1, 16, 0xff})           // an overhead's top byte
-	f.Add([]byte{1, 51, 0xc7})           // likewise in a longer address
-	f.Add([]byte{1, 29, 0x10})           // an interface address length
+	f.Add([]byte{1, 51, 0xc7})           // an overhead's sign, further in
 	f.Add([]byte{0, 0x20, 1, 2, 3, 4})   // raw bytes with a plausible header
 	f.Add([]byte{1, 200, 7, 3, 0x40, 0}) // two edits
 	f.Fuzz(func(t *testing.T, data []byte) {
