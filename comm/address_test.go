@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -21,16 +22,23 @@ import (
 // and fuzzer need no UCX.
 func realAddress(t testing.TB) []byte {
 	t.Helper()
-	h, err := os.ReadFile("testdata/ucx-address.hex")
-	if err != nil {
-		t.Fatal(err)
+	realOnce.Do(func() {
+		var h []byte
+		if h, realErr = os.ReadFile("testdata/ucx-address.hex"); realErr == nil {
+			realAddr, realErr = hex.DecodeString(strings.TrimSpace(string(h)))
+		}
+	})
+	if realErr != nil {
+		t.Fatal(realErr)
 	}
-	a, err := hex.DecodeString(strings.TrimSpace(string(h)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return a
+	return realAddr
 }
+
+var (
+	realOnce sync.Once
+	realAddr []byte
+	realErr  error
+)
 
 var testJob = jobDigest("job", "attempt")
 
