@@ -20,6 +20,8 @@ import (
 type Comm struct {
 	cfg       Config
 	t         *ucx.Transport
+	job       [16]byte // the job's name in address envelopes
+	address   []byte   // this rank's address, sealed (address.go)
 	mu        sync.Mutex
 	g         *halo.Group
 	closed    bool
@@ -39,13 +41,14 @@ func New(cfg Config) (*Comm, error) {
 	if err != nil {
 		return nil, fmt.Errorf("rank %d: opening UCX: %w", cfg.Rank, classify(err))
 	}
-	c := &Comm{cfg: cfg, t: t}
+	c := &Comm{cfg: cfg, t: t, job: jobDigest(cfg.Job, cfg.Attempt)}
+	c.address = sealAddress(t.Address(), cfg.Rank, cfg.Size, c.job)
 	if cfg.Bootstrap == BootstrapExternal {
 		return c, nil
 	}
 	addrs, err := c.rendezvous()
 	if err == nil {
-		err = c.Connect(addrs)
+		err = c.connect(addrs, halo.ErrRendezvous, "from the rendezvous: ")
 	}
 	if err != nil {
 		c.Close()
@@ -57,23 +60,45 @@ func New(cfg Config) (*Comm, error) {
 func (c *Comm) rendezvous() ([][]byte, error) {
 	cfg := c.cfg
 	if cfg.Size == 1 {
-		return [][]byte{c.t.Address()}, nil
+		return [][]byte{c.address}, nil
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), cfg.BootstrapTimeout)
 	defer cancel()
 	cc := rendezvous.ClientConfig{Addr: cfg.Rendezvous, Token: cfg.Token, Job: cfg.Job, Attempt: cfg.Attempt,
-		Rank: cfg.Rank, Size: cfg.Size, Timeout: cfg.BootstrapTimeout}
+		Launch: cfg.Launch, Rank: cfg.Rank, Size: cfg.Size, Timeout: cfg.BootstrapTimeout}
 	var addrs [][]byte
 	var err error
 	if cfg.Rank == 0 && !cfg.ExternalServer {
-		addrs, err = rendezvous.HostAllgather(ctx, cfg.Rendezvous, cc, c.t.Address())
+		addrs, err = rendezvous.HostAllgather(ctx, cfg.Rendezvous, cc, c.address)
 	} else {
-		addrs, err = rendezvous.Allgather(ctx, cc, c.t.Address())
+		addrs, err = rendezvous.Allgather(ctx, cc, c.address)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("%w: rank %d via %s: %v", halo.ErrRendezvous, cfg.Rank, cfg.Rendezvous, err)
+		return nil, fmt.Errorf("%w: rank %d via %s: %v%s", halo.ErrRendezvous, cfg.Rank, cfg.Rendezvous, err, c.hint(err))
 	}
 	return addrs, nil
+}
+
+// hint says which setting changes the outcome of a failed rendezvous.
+func (c *Comm) hint(err error) string {
+	cfg := c.cfg
+	launch := ""
+	if cfg.LaunchDesc != "" {
+		launch = " (this rank's launch: " + cfg.LaunchDesc + ")"
+	}
+	switch {
+	case errors.Is(err, rendezvous.CodeDuplicate):
+		return fmt.Sprintf(". Give each run its own %s (or %s)", SettingJobAttempt.Env, SettingJobID.Env)
+	case errors.Is(err, rendezvous.CodeOtherJob):
+		return fmt.Sprintf(". Another job's rank 0 holds %s%s: give this job a free host:port in %s on every rank; "+
+			"ranks of one job started by different processes must share %s", cfg.Rendezvous, launch, SettingRendezvous.Env, SettingJobID.Env)
+	case errors.Is(err, rendezvous.ErrAddressInUse):
+		return fmt.Sprintf(". Set %s to a free host:port on every rank of this job", SettingRendezvous.Env)
+	case errors.Is(err, rendezvous.ErrSharedServer):
+		return fmt.Sprintf(". To use that server, set %s=1 on every rank; otherwise set %s to a free host:port",
+			SettingRendezvousExternal.Env, SettingRendezvous.Env)
+	}
+	return ""
 }
 
 // Rank and Size of this communicator.
@@ -83,11 +108,19 @@ func (c *Comm) Size() int { return c.cfg.Size }
 // Config returns the effective configuration.
 func (c *Comm) Config() Config { return c.cfg }
 
-// Address is this rank's UCX worker address, for an external bootstrap.
-func (c *Comm) Address() []byte { return c.t.Address() }
+// Address is this rank's address, for an external bootstrap: UCX's worker
+// address in halo's envelope (address.go), opaque to the caller.
+func (c *Comm) Address() []byte { return c.address }
 
-// Connect takes every rank's address, in rank order.
+// Connect takes every rank's address (from Address), in rank order. An
+// address that is not whole, not for its slot, or not usable by UCX is
+// refused with ErrInvalid, naming the rank, before UCX sees it.
 func (c *Comm) Connect(addrs [][]byte) error {
+	return c.connect(addrs, halo.ErrInvalid, "")
+}
+
+// connect checks addrs, classing a bad one as class, and connects.
+func (c *Comm) connect(addrs [][]byte, class error, from string) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
@@ -99,12 +132,11 @@ func (c *Comm) Connect(addrs [][]byte) error {
 	if len(addrs) != c.cfg.Size {
 		return fmt.Errorf("%w: rank %d: %d addresses for world size %d", halo.ErrInvalid, c.cfg.Rank, len(addrs), c.cfg.Size)
 	}
-	for r, a := range addrs {
-		if len(a) == 0 {
-			return fmt.Errorf("%w: rank %d: address of rank %d is empty", halo.ErrInvalid, c.cfg.Rank, r)
-		}
+	raw, err := checkAddresses(addrs, c.cfg.Rank, c.address, c.job, c.t.CheckAddress)
+	if err != nil {
+		return fmt.Errorf("%w: rank %d: %s%v", class, c.cfg.Rank, from, err)
 	}
-	if err := c.t.Connect(addrs); err != nil {
+	if err := c.t.Connect(raw); err != nil {
 		return fmt.Errorf("rank %d: connecting: %w", c.cfg.Rank, classify(err))
 	}
 	g, err := halo.NewGroup(wire{c.t}, halo.GroupOptions{Timeout: c.cfg.Timeout, Transfer: c.cfg.Transfer})

@@ -3,6 +3,7 @@ package comm
 import (
 	"fmt"
 	"net"
+	"os"
 	"time"
 
 	"github.com/halo-cp/halo/halo"
@@ -30,6 +31,11 @@ type Config struct {
 	Timeout          time.Duration // every exchange wait; SettingTimeout
 	BootstrapTimeout time.Duration // the rendezvous; SettingBootstrapTimeout
 	Transfer         halo.Transfer // SettingTransfer
+	// Launch names the launch this rank belongs to in the rendezvous, so
+	// that runs sharing a job id and attempt never meet; "" derives it
+	// from the launcher's environment (launch.go). LaunchDesc says what it
+	// was derived from, for messages.
+	Launch, LaunchDesc string
 	// ExternalServer: the rendezvous is a shared halod serve; rank 0 does
 	// not host one. SettingRendezvousExternal.
 	ExternalServer bool
@@ -74,6 +80,9 @@ func (c *Config) fill() error {
 			return fmt.Errorf("%w: timeout %v is negative", halo.ErrInvalid, *d)
 		}
 	}
+	// Whether the job is named by the caller, before defaults fill in.
+	named := c.Job != "" || c.Attempt != "" || c.Token != "" ||
+		os.Getenv(SettingJobID.Env) != "" || os.Getenv(SettingJobAttempt.Env) != "" || os.Getenv(SettingToken.Env) != ""
 	for _, err := range []error{
 		fillFrom(&c.Rendezvous, SettingRendezvous, parseString),
 		fillFrom(&c.Token, SettingToken, parseString),
@@ -97,6 +106,9 @@ func (c *Config) fill() error {
 		}
 		if c.Token == "" && !isLoopback(host) {
 			return fmt.Errorf("%w: rendezvous %s is not on loopback, so a token is required (set %s or the token parameter)", halo.ErrInvalid, c.Rendezvous, SettingToken.Env)
+		}
+		if c.Launch == "" {
+			c.Launch, c.LaunchDesc = launchIdentity(isLoopback(host), named, os.Getenv)
 		}
 	}
 	return nil

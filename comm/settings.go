@@ -44,11 +44,11 @@ var (
 	SettingRendezvousExternal = Setting{Env: "HALO_RENDEZVOUS_EXTERNAL", Kind: KindBool, Default: "off",
 		Means: "the rendezvous is a shared halod serve: rank 0 does not host one"}
 	SettingToken = Setting{Env: "HALO_TOKEN", Kind: KindString,
-		Means: "shared secret of the rendezvous; required when it is not on loopback"}
+		Means: "shared secret of the rendezvous; required when it is not on loopback (without one, only the rendezvous's own user may join)"}
 	SettingJobID = Setting{Env: "HALO_JOB_ID", Kind: KindString, Default: "halo",
-		Means: "keeps jobs apart on a shared halod serve"}
+		Means: "names the job: ranks meet only ranks of the same job id, attempt and launch"}
 	SettingJobAttempt = Setting{Env: "HALO_JOB_ATTEMPT", Kind: KindString,
-		Means: "a restarted job's new attempt, so that it never sees the old addresses"}
+		Means: "names one run of the job: give a restart a new one, so that it never sees the old run's addresses"}
 	SettingTimeout = Setting{Env: "HALO_TIMEOUT_MS", Kind: KindDuration, Default: FormatDuration(halo.DefaultTimeout),
 		Means: "deadline of every wait in plan create, forward and backward"}
 	SettingBootstrapTimeout = Setting{Env: "HALO_BOOTSTRAP_TIMEOUT_MS", Kind: KindDuration, Default: "1m",

@@ -11,7 +11,12 @@
  * time; different communicators are independent. The one exception is
  * halo_comm_abort, which any thread may call at any time. halo_last_error is
  * per thread. Every function validates its arguments and returns a result code;
- * none aborts the caller. Outputs are written only on success.
+ * none aborts the caller. Output parameters (handles, addresses, sizes) are
+ * written only on success. Tensors are another matter: exchanges receive
+ * straight into the caller's tensors (no staging copy), so after a failed
+ * exchange the contents of its output tensors (out, grad_x, left, right) are
+ * unspecified; the communicator then refuses further work with
+ * HALO_ERR_COMM_FAILED and can only be destroyed.
  */
 #ifndef HALO_H
 #define HALO_H
@@ -173,6 +178,17 @@ const char *halo_last_error(void);
 /**
  * @brief Create this rank's communicator. With the rendezvous bootstrap this
  * is collective and returns when all world_size ranks are connected.
+ *
+ * Ranks meet only ranks of the same job id, attempt and launch: the launch
+ * is what the launcher gave every rank (torchrun's run id, Slurm's job and
+ * step, Open MPI's job id, PMIx's namespace) and, for a job with no id,
+ * attempt or token of its own on a loopback rendezvous, the parent process
+ * that started the ranks. Rank 0 waits while another job's rendezvous holds
+ * the address, and never joins a rendezvous it does not host. Two processes
+ * with one rank, ranks that disagree on the world size, a rank that dies or
+ * a peer address that is not a halo address fail with HALO_ERR_RENDEZVOUS on
+ * every rank that is still there, naming the rank and the setting to change
+ * (HALO_JOB_ID, HALO_JOB_ATTEMPT, HALO_RENDEZVOUS); README.md has the rule.
  * @param[in]  rank        0 .. world_size-1
  * @param[in]  world_size  ranks in the group
  * @param[in]  params      optional (NULL for defaults and environment)
@@ -181,14 +197,22 @@ const char *halo_last_error(void);
 halo_result_t halo_comm_create(int rank, int world_size, const halo_comm_params_t *params, halo_comm_t *comm);
 
 /**
- * @brief This rank's transport address, for HALO_BOOTSTRAP_EXTERNAL. The
- * bytes stay valid until the communicator is destroyed.
+ * @brief This rank's address, for HALO_BOOTSTRAP_EXTERNAL: opaque bytes
+ * (the transport's address in halo's envelope, which names the rank, the
+ * world size and the job, and carries a checksum). Hand them to every rank's
+ * halo_comm_connect exactly as they are. They stay valid until the
+ * communicator is destroyed.
  */
 halo_result_t halo_comm_get_address(halo_comm_t comm, const void **address, size_t *length);
 
 /**
  * @brief Connect with every rank's address (world_size entries, rank order,
- * this rank's own included), for HALO_BOOTSTRAP_EXTERNAL.
+ * this rank's own included), each exactly as halo_comm_get_address returned
+ * it, for HALO_BOOTSTRAP_EXTERNAL. An address that was changed or cut on
+ * the way, sits in another rank's slot, or comes from a communicator of
+ * another world size or job (job id, attempt) fails with
+ * HALO_ERR_INVALID_ARGUMENT naming the rank, before the transport sees it;
+ * the communicator stays unconnected and connect may be called again.
  */
 halo_result_t halo_comm_connect(halo_comm_t comm, const void *const *addresses, const size_t *lengths);
 

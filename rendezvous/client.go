@@ -24,8 +24,13 @@ type ClientConfig struct {
 	Token   string
 	Job     string // job id
 	Attempt string // attempt id; "" allowed
-	Rank    int
-	Size    int
+	// Launch names the launch this rank belongs to: something every rank
+	// of one launch, and no rank of another, was given (comm derives it
+	// from the launcher's environment). Ranks of different launches never
+	// meet, even under one job id and attempt. "" if unknown.
+	Launch string
+	Rank   int
+	Size   int
 	// Timeout is the overall deadline for the call, connection retries
 	// included; DefaultTimeout if zero. A context deadline that comes
 	// earlier wins.
@@ -56,6 +61,7 @@ func payloadKey(rank int) string { return "payload/" + strconv.Itoa(rank) }
 // call is one Allgather: its config, its deadline and its log.
 type call struct {
 	cfg      ClientConfig
+	instance uint64 // this call's, kept across retries
 	start    time.Time
 	deadline time.Time
 	keys     []string
@@ -63,7 +69,7 @@ type call struct {
 }
 
 func newCall(ctx context.Context, cfg ClientConfig, start time.Time) (*call, error) {
-	c := &call{cfg: cfg, start: start}
+	c := &call{cfg: cfg, start: start, instance: rand.Uint64()}
 	if c.cfg.Addr == "" {
 		c.cfg.Addr = DefaultAddr
 	}
@@ -73,6 +79,8 @@ func newCall(ctx context.Context, cfg ClientConfig, start time.Time) (*call, err
 		msg = fmt.Sprintf("job id must be 1 to %d bytes long", maxJobLen)
 	case len(cfg.Attempt) > maxAttemptLen:
 		msg = fmt.Sprintf("attempt id must be at most %d bytes long", maxAttemptLen)
+	case len(cfg.Launch) > maxLaunchLen:
+		msg = fmt.Sprintf("launch id must be at most %d bytes long", maxLaunchLen)
 	case len(cfg.Token) > maxTokenLen:
 		msg = fmt.Sprintf("token must be at most %d bytes long", maxTokenLen)
 	case cfg.Size < 1 || int64(cfg.Size) > math.MaxUint32:
@@ -97,7 +105,7 @@ func newCall(ctx context.Context, cfg ClientConfig, start time.Time) (*call, err
 	for r := range c.keys {
 		c.keys[r] = payloadKey(r)
 	}
-	c.log = cfg.Logger.With().Str("job", cfg.Job).Str("attempt", cfg.Attempt).Int("rank", cfg.Rank).Logger()
+	c.log = cfg.Logger.With().Str("job", cfg.Job).Str("attempt", cfg.Attempt).Str("launch", cfg.Launch).Int("rank", cfg.Rank).Logger()
 	return c, nil
 }
 
@@ -122,6 +130,7 @@ func Allgather(ctx context.Context, cfg ClientConfig, payload []byte) ([][]byte,
 func (c *call) allgather(ctx context.Context, payload []byte) ([][]byte, error) {
 	backoff := 10 * time.Millisecond
 	var last error
+	var otherJob *Error // the last "another job's server" answer
 	reached := false
 	for {
 		values, connected, err := c.once(ctx, payload)
@@ -136,6 +145,10 @@ func (c *call) allgather(ctx context.Context, payload []byte) ([][]byte, error) 
 		if errors.As(err, &e) && !e.Code.retryable() {
 			return nil, e
 		}
+		otherJob = nil
+		if errors.As(err, &e) && e.Code == CodeOtherJob {
+			otherJob = e
+		}
 		last = err
 		sleep := backoff/2 + rand.N(backoff/2+1)
 		if time.Until(c.deadline) < sleep || ctx.Err() != nil {
@@ -149,6 +162,11 @@ func (c *call) allgather(ctx context.Context, payload []byte) ([][]byte, error) 
 			t.Stop()
 		}
 		backoff = min(2*backoff, maxBackoff)
+	}
+	if otherJob != nil {
+		// Another job's rank 0 still holds the address: our own rank 0
+		// never got it (or is not ours to wait for).
+		return nil, c.errorf(CodeOtherJob, nil, "the server at %s still served another job after %s: %s", c.cfg.Addr, c.budget(), otherJob.Msg)
 	}
 	if reached {
 		return nil, c.errorf(CodeTimeout, last, "no complete exchange with the server at %s within %s", c.cfg.Addr, c.budget())
@@ -178,14 +196,7 @@ func (c *call) once(ctx context.Context, payload []byte) (values [][]byte, conne
 	defer stop()
 	cc := clientConn{call: c, conn: conn, br: bufio.NewReader(conn)}
 
-	if _, err := cc.roundTrip(&Hello{
-		Version: ProtocolVersion,
-		Token:   c.cfg.Token,
-		Job:     c.cfg.Job,
-		Attempt: c.cfg.Attempt,
-		Rank:    uint32(c.cfg.Rank),
-		Size:    uint32(c.cfg.Size),
-	}, TypeAck); err != nil {
+	if _, err := cc.roundTrip(c.hello(), TypeAck); err != nil {
 		return nil, false, err
 	}
 	if _, err := cc.roundTrip(&Put{Key: payloadKey(c.cfg.Rank), Value: payload}, TypeAck); err != nil {
@@ -221,6 +232,19 @@ func (c *call) once(ctx context.Context, payload []byte) (values [][]byte, conne
 	}
 	// The values alias frame buffers that are ours alone: no copy needed.
 	return values, true, nil
+}
+
+func (c *call) hello() *Hello {
+	return &Hello{
+		Version:  ProtocolVersion,
+		Token:    c.cfg.Token,
+		Job:      c.cfg.Job,
+		Attempt:  c.cfg.Attempt,
+		Launch:   c.cfg.Launch,
+		Instance: c.instance,
+		Rank:     uint32(c.cfg.Rank),
+		Size:     uint32(c.cfg.Size),
+	}
 }
 
 func millis(d time.Duration) uint32 {
@@ -262,6 +286,9 @@ func (cc *clientConn) roundTrip(m Message, want MsgType) (Message, error) {
 func (c *call) fromReply(r *ErrorReply) *Error {
 	switch r.Code {
 	case CodeUnauthorized:
+		if r.Message != tokenRejected {
+			return c.errorf(r.Code, nil, "the server at %s refused this rank: %s", c.cfg.Addr, r.Message)
+		}
 		return c.errorf(r.Code, nil, "the server at %s rejected the token", c.cfg.Addr)
 	case CodeTimeout:
 		// Keys are payloadKey(0..Size-1), so a key's position is its rank.
@@ -274,7 +301,7 @@ func (c *call) fromReply(r *ErrorReply) *Error {
 		e := c.errorf(r.Code, nil, "%s of %d did not arrive within %s", rankList(missing), c.cfg.Size, c.budget())
 		e.Missing = missing
 		return e
-	case CodeMismatch, CodeAborted:
+	case CodeMismatch, CodeAborted, CodeDuplicate, CodeOtherJob:
 		return c.errorf(r.Code, nil, "%s", r.Message)
 	}
 	return c.errorf(r.Code, nil, "the server at %s: %s", c.cfg.Addr, r.Message)

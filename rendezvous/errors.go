@@ -36,6 +36,13 @@ const (
 	CodeShuttingDown Code = 9
 	// CodeAborted: the job was failed on purpose, e.g. by its hosting rank.
 	CodeAborted Code = 10
+	// CodeOtherJob: this server hosts another job (an embedded rendezvous
+	// serves one job, attempt and launch); clients retry until their
+	// deadline, since that job's rank 0 closes its server when done.
+	CodeOtherJob Code = 11
+	// CodeDuplicate: two processes claimed one rank of a job (two runs
+	// with the same job id and attempt).
+	CodeDuplicate Code = 12
 )
 
 func (c Code) String() string {
@@ -60,6 +67,10 @@ func (c Code) String() string {
 		return "server shutting down"
 	case CodeAborted:
 		return "aborted"
+	case CodeOtherJob:
+		return "another job's server"
+	case CodeDuplicate:
+		return "rank claimed twice"
 	}
 	return "code " + strconv.Itoa(int(c))
 }
@@ -69,7 +80,7 @@ func (c Code) Error() string { return "rendezvous: " + c.String() }
 
 // retryable codes describe the server's state, not the job's: another
 // connection a little later may well succeed.
-func (c Code) retryable() bool { return c == CodeBusy || c == CodeShuttingDown }
+func (c Code) retryable() bool { return c == CodeBusy || c == CodeShuttingDown || c == CodeOtherJob }
 
 // Error is what Allgather and HostAllgather return. Its text names the job
 // and attempt and says what went wrong in terms of ranks.
@@ -161,3 +172,6 @@ func roundDuration(d time.Duration) time.Duration {
 
 // ErrServerClosed is returned by Serve and ListenAndServe after Shutdown.
 var ErrServerClosed = errors.New("rendezvous: server closed")
+
+// errUIDUnsupported: this system does not say who owns a peer's socket.
+var errUIDUnsupported = errors.New("rendezvous: the owner of a peer's socket is unknown on this system")

@@ -29,6 +29,13 @@ const (
 	DefaultIdleTimeout     = 30 * time.Second
 	DefaultMaxWait         = time.Hour
 	DefaultJobTTL          = 10 * time.Minute
+	// DefaultHelloTimeout: a client says hello within milliseconds of
+	// connecting; a connection that has not within seconds never will.
+	DefaultHelloTimeout = 5 * time.Second
+	// DefaultMaxUnauthenticated is how many connections may wait for
+	// their hello at once. They do not count against MaxConns; past this
+	// many, the oldest is closed to make room.
+	DefaultMaxUnauthenticated = 64
 )
 
 // failedJobGrace is how long a failed job keeps reporting its failure to
@@ -40,10 +47,11 @@ const (
 	maxTokenLen   = 1024
 	maxJobLen     = 256
 	maxAttemptLen = 256
+	maxLaunchLen  = 256
 	maxKeyLen     = 1024
 	// helloLimit is the frame limit until a client has authenticated: a Hello
 	// with every string at its longest fits.
-	helloLimit = 1 + len(helloMagic) + 1 + 3*2 + maxTokenLen + maxJobLen + maxAttemptLen + 2*4
+	helloLimit = 1 + len(helloMagic) + 1 + 4*2 + maxTokenLen + maxJobLen + maxAttemptLen + maxLaunchLen + 8 + 2*4
 )
 
 // ServerConfig configures a Server. Zero numeric fields take the defaults
@@ -66,13 +74,21 @@ type ServerConfig struct {
 	MaxJobBytes int
 	// MaxJobs caps the (job, attempt) namespaces held at once.
 	MaxJobs int
-	// MaxConns caps open connections. Every waiting rank holds one, so a
-	// shared server needs at least as many as the largest job has ranks.
+	// MaxConns caps authenticated connections. Every waiting rank holds
+	// one, so a shared server needs at least as many as the largest job
+	// has ranks.
 	MaxConns int
+	// MaxUnauthenticated caps connections that have not said hello yet;
+	// when it is reached, the oldest of them is closed. Idle sockets
+	// therefore never take the slots of ranks.
+	MaxUnauthenticated int
 
 	// IdleTimeout bounds the wait for each request frame to arrive in
 	// full; a client slower than that is dropped.
 	IdleTimeout time.Duration
+	// HelloTimeout bounds the wait for a new connection's hello (or
+	// IdleTimeout, if that is shorter).
+	HelloTimeout time.Duration
 	// MaxWait caps how long one get may block, whatever the client asks.
 	MaxWait time.Duration
 	// JobTTL is how long a namespace nobody is connected to is kept
@@ -95,6 +111,7 @@ func (c *ServerConfig) setDefaults() error {
 		{"MaxJobBytes", &c.MaxJobBytes, DefaultMaxJobBytes, MaxFrameBytes / 2},
 		{"MaxJobs", &c.MaxJobs, DefaultMaxJobs, 1 << 24},
 		{"MaxConns", &c.MaxConns, DefaultMaxConns, 1 << 24},
+		{"MaxUnauthenticated", &c.MaxUnauthenticated, DefaultMaxUnauthenticated, 1 << 24},
 	}
 	for _, f := range ints {
 		switch {
@@ -112,6 +129,7 @@ func (c *ServerConfig) setDefaults() error {
 		def  time.Duration
 	}{
 		{"IdleTimeout", &c.IdleTimeout, DefaultIdleTimeout},
+		{"HelloTimeout", &c.HelloTimeout, DefaultHelloTimeout},
 		{"MaxWait", &c.MaxWait, DefaultMaxWait},
 		{"JobTTL", &c.JobTTL, DefaultJobTTL},
 	}
@@ -143,6 +161,11 @@ type Server struct {
 	jobs      map[jobKey]*job
 	listeners map[net.Listener]struct{}
 	sessions  map[*session]struct{}
+	// pending holds the sessions that have not said hello, with the order
+	// in which they came; authed counts the others.
+	pending   map[*session]uint64
+	nextSeq   uint64
+	authed    int
 	closing   bool
 	quit      chan struct{} // closed when Shutdown starts
 	gcStarted bool
@@ -163,6 +186,7 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 		jobs:      make(map[jobKey]*job),
 		listeners: make(map[net.Listener]struct{}),
 		sessions:  make(map[*session]struct{}),
+		pending:   make(map[*session]uint64),
 		quit:      make(chan struct{}),
 	}, nil
 }
@@ -286,7 +310,9 @@ func (s *Server) isClosing() bool {
 	return s.closing
 }
 
-// admit starts a session for c, or turns c away when the server is full.
+// admit starts a session for c. A connection counts against MaxConns only
+// once it has said hello (see session.hello); until then it is one of at
+// most MaxUnauthenticated, and the oldest of those makes room for c.
 func (s *Server) admit(c net.Conn) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -294,16 +320,18 @@ func (s *Server) admit(c net.Conn) {
 		c.Close()
 		return
 	}
-	if len(s.sessions) >= s.cfg.MaxConns {
-		s.log.Warn().Str("remote", c.RemoteAddr().String()).Int("max_conns", s.cfg.MaxConns).Msg("rejecting client: connection limit reached")
-		s.wg.Add(1)
-		go func() {
-			defer s.wg.Done()
-			c.SetWriteDeadline(time.Now().Add(time.Second))
-			c.Write(AppendFrame(nil, &ErrorReply{Code: CodeBusy, Message: fmt.Sprintf("server is at its limit of %d connections", s.cfg.MaxConns)}))
-			c.Close()
-		}()
-		return
+	if len(s.pending) >= s.cfg.MaxUnauthenticated {
+		var oldest *session
+		for ss, seq := range s.pending {
+			if oldest == nil || seq < s.pending[oldest] {
+				oldest = ss
+			}
+		}
+		delete(s.pending, oldest)
+		oldest.conn.Close() // its goroutine logs and cleans up
+		oldest.evicted = true
+		s.log.Warn().Str("remote", oldest.conn.RemoteAddr().String()).Int("max_unauthenticated", s.cfg.MaxUnauthenticated).
+			Msg("dropping client that has not said hello: too many such connections")
 	}
 	ss := &session{
 		srv:  s,
@@ -313,6 +341,8 @@ func (s *Server) admit(c net.Conn) {
 		rank: -1,
 	}
 	s.sessions[ss] = struct{}{}
+	s.pending[ss] = s.nextSeq
+	s.nextSeq++
 	s.wg.Add(1)
 	go ss.serve()
 }
@@ -392,22 +422,32 @@ func (s *Server) expireLocked(now time.Time) int {
 		if j != s.pinned && j.refs == 0 && now.Sub(j.touched) > s.cfg.JobTTL {
 			delete(s.jobs, k)
 			n++
-			s.log.Info().Str("job", k.job).Str("attempt", k.attempt).Int("keys", len(j.values)).
+			s.log.Info().Str("job", k.job).Str("attempt", k.attempt).Str("launch", k.launch).Int("keys", len(j.values)).
 				Int("left", len(j.left)).Int("size", j.size).Dur("idle", now.Sub(j.touched)).Msg("expired job")
 		}
 	}
 	return n
 }
 
+// describe names a namespace for messages, the launch by the start of its
+// digest.
+func (k jobKey) describe() string {
+	s := fmt.Sprintf("job %q attempt %q", k.job, k.attempt)
+	if k.launch != "" {
+		s += fmt.Sprintf(" launch %.12s", k.launch)
+	}
+	return s
+}
+
 // jobFor finds or creates the namespace for a hello. It returns an error
 // reply when the server cannot take one more job. Called with s.mu held.
 func (s *Server) jobForLocked(h *Hello, now time.Time) (*job, *ErrorReply) {
-	key := jobKey{h.Job, h.Attempt}
+	key := jobKey{h.Job, h.Attempt, h.Launch}
 	if s.pinned != nil {
 		if key != s.pinned.key {
-			return nil, &ErrorReply{Code: CodeMismatch, Message: fmt.Sprintf(
-				"this server hosts only job %q attempt %q, not job %q attempt %q (a rank of another job, or of another attempt, uses this address)",
-				s.pinned.key.job, s.pinned.key.attempt, h.Job, h.Attempt)}
+			return nil, &ErrorReply{Code: CodeOtherJob, Message: fmt.Sprintf(
+				"this address serves the rendezvous of %s, not of %s (another job's rank 0 hosts here)",
+				s.pinned.key.describe(), key.describe())}
 		}
 		return s.pinned, nil
 	}

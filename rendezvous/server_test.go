@@ -105,9 +105,10 @@ func TestBadClientsDoNotDisturbOthers(t *testing.T) {
 	noMagic.expectError(CodeBadRequest)
 	noMagic.expectClosed()
 
-	// An authenticated client announcing a frame over MaxMessageBytes.
+	// An authenticated client announcing a frame over MaxMessageBytes (of
+	// another job: a second claimant of a rank of "good" would fail it).
 	big := dialRaw(t, addr)
-	big.hello("good", "1", 2, 3)
+	big.hello("bad", "1", 2, 3)
 	big.sendBytes(binary.BigEndian.AppendUint32(nil, 1<<20))
 	if e := big.expectError(CodeTooLarge); !strings.Contains(e.Message, "limit 4096") {
 		t.Errorf("too-large message %q does not name the limit", e.Message)
@@ -127,7 +128,7 @@ func TestBadClientsDoNotDisturbOthers(t *testing.T) {
 	early.expectError(CodeBadRequest)
 	early.expectClosed()
 	confused := dialRaw(t, addr)
-	confused.hello("good", "1", 2, 3)
+	confused.hello("bad", "1", 2, 3)
 	confused.send(&Values{})
 	confused.expectError(CodeBadRequest)
 	confused.expectClosed()
@@ -140,24 +141,24 @@ func TestBadClientsDoNotDisturbOthers(t *testing.T) {
 	checkGathered(t, cfg, runRanks(cfg, []int{2}))
 	checkGathered(t, cfg, <-results)
 	logs.waitFor(t, "dropping client: message too large", `"remote":"127.0.0.1:`)
-	logs.waitFor(t, "dropping client: message too large", `"job":"good"`, `"rank":2`)
+	logs.waitFor(t, "dropping client: message too large", `"job":"bad"`, `"rank":2`)
 	logs.waitFor(t, "dropping client: malformed message")
 }
 
 func TestStalledClientIsDropped(t *testing.T) {
 	t.Parallel()
 	const idle = 300 * time.Millisecond
-	_, addr, logs := startServer(t, ServerConfig{IdleTimeout: idle})
+	_, addr, logs := startServer(t, ServerConfig{IdleTimeout: idle, HelloTimeout: idle / 2})
 
-	// Half a frame header, then silence.
+	// Half a frame header, then silence: the hello's shorter deadline.
 	stalled := dialRaw(t, addr)
 	stalled.sendBytes([]byte{0, 0})
 	start := time.Now()
 	stalled.expectClosed()
-	if took := time.Since(start); took < idle*3/4 || took > idle+3*time.Second {
-		t.Errorf("stalled client dropped after %s, idle timeout %s", took, idle)
+	if took := time.Since(start); took < idle*3/8 || took > idle/2+3*time.Second {
+		t.Errorf("stalled client dropped after %s, hello timeout %s", took, idle/2)
 	}
-	logs.waitFor(t, `"level":"warn"`, "dropping stalled client", `"remote":"127.0.0.1:`)
+	logs.waitFor(t, `"level":"warn"`, `"before_hello":true`, "dropping stalled client", `"remote":"127.0.0.1:`)
 
 	// After hello, a frame whose body never comes.
 	slow := dialRaw(t, addr)
@@ -218,7 +219,7 @@ func TestMissingRanksAreNamed(t *testing.T) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if w := s.jobs[jobKey{"train", "3"}].waiters; len(w) != 0 {
+	if w := s.jobs[jobKey{"train", "3", ""}].waiters; len(w) != 0 {
 		t.Errorf("gets that timed out are still registered: %v", w)
 	}
 }
@@ -253,10 +254,10 @@ func TestRanksThatDisagree(t *testing.T) {
 	go func() { _, err := Allgather(ctx, d, []byte("first")); errD <- err }()
 	eventually(t, "first rank 0 to join", func() bool { return strings.Contains(logs.String(), `"job":"dup"`) })
 	_, err := Allgather(ctx, d, []byte("second"))
-	if !errors.Is(err, CodeMismatch) || !strings.Contains(err.Error(), "two processes with the same rank") {
+	if !errors.Is(err, CodeDuplicate) || !strings.Contains(err.Error(), "rank 0 of job \"dup\" attempt \"\" was claimed by two processes") {
 		t.Errorf("duplicate rank: err = %v", err)
 	}
-	if err := <-errD; !errors.Is(err, CodeMismatch) {
+	if err := <-errD; !errors.Is(err, CodeDuplicate) {
 		t.Errorf("duplicate rank, first process: err = %v", err)
 	}
 
@@ -364,9 +365,9 @@ func TestShutdownDeadline(t *testing.T) {
 	stuck := dialRaw(t, addr)
 	stuck.c.(*net.TCPConn).SetReadBuffer(8 << 10)
 	stuck.hello("big", "", 0, 1)
-	stuck.send(&Put{Key: "k", Value: make([]byte, 1<<20-64)})
+	stuck.send(&Put{Key: "k/0", Value: make([]byte, 1<<20-64)})
 	stuck.expect(TypeAck)
-	stuck.send(&Get{Keys: []string{"k"}})
+	stuck.send(&Get{Keys: []string{"k/0"}})
 	if _, err := stuck.br.Peek(1); err != nil { // the reply has begun
 		t.Fatal(err)
 	}
@@ -415,23 +416,26 @@ func TestLimits(t *testing.T) {
 	huge.send(&Hello{Version: ProtocolVersion, Token: testToken, Job: "one", Size: 5})
 	huge.expectError(CodeLimit)
 
-	// Keys per job: the fifth key fails the job.
-	for i := range 4 {
-		first.send(&Put{Key: fmt.Sprint("k", i), Value: []byte("v")})
-		first.expect(TypeAck)
-	}
-	first.send(&Put{Key: "k4", Value: []byte("v")})
-	first.expectError(CodeLimit)
-
-	// Connections: the fourth is told the server is busy.
+	// Connections: the fourth to say hello is told the server is busy
+	// (the third is rank 0's process again: raw hellos share instance 0).
 	second := dialRaw(t, addr)
 	third := dialRaw(t, addr)
-	_, _ = second, third
-	eventually(t, "three sessions", func() bool { s.mu.Lock(); defer s.mu.Unlock(); return len(s.sessions) == 3 })
+	second.hello("one", "", 1, 2)
+	third.hello("one", "", 0, 2)
+	eventually(t, "three sessions", func() bool { s.mu.Lock(); defer s.mu.Unlock(); return s.authed == 3 })
 	fourth := dialRaw(t, addr)
+	fourth.send(&Hello{Version: ProtocolVersion, Token: testToken, Job: "one", Size: 2})
 	fourth.expectError(CodeBusy)
 	fourth.expectClosed()
 	logs.waitFor(t, "rejecting client: connection limit reached")
+
+	// Keys per job: the fifth key fails the job.
+	for i := range 4 {
+		first.send(&Put{Key: fmt.Sprint("k", i, "/0"), Value: []byte("v")})
+		first.expect(TypeAck)
+	}
+	first.send(&Put{Key: "k4/0", Value: []byte("v")})
+	first.expectError(CodeLimit)
 }
 
 func TestClientLeavingWhileWaiting(t *testing.T) {
@@ -446,7 +450,7 @@ func TestClientLeavingWhileWaiting(t *testing.T) {
 	eventually(t, "the session to end", func() bool {
 		s.mu.Lock()
 		defer s.mu.Unlock()
-		return len(s.sessions) == 0 && s.jobs[jobKey{"gone", ""}].refs == 0
+		return len(s.sessions) == 0 && s.jobs[jobKey{"gone", "", ""}].refs == 0
 	})
 }
 

@@ -9,6 +9,8 @@ import (
 	"io"
 	"net"
 	"os"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -16,13 +18,15 @@ import (
 
 // session serves one client connection, one request at a time.
 type session struct {
-	srv  *Server
-	conn net.Conn
-	br   *bufio.Reader
-	log  zerolog.Logger
-	job  *job
-	rank int
-	left bool
+	srv      *Server
+	conn     net.Conn
+	br       *bufio.Reader
+	log      zerolog.Logger
+	job      *job
+	rank     int
+	instance uint64
+	left     bool
+	evicted  bool // closed by admit to make room; guarded by the server's mutex
 }
 
 func (ss *session) serve() {
@@ -31,14 +35,25 @@ func (ss *session) serve() {
 		ss.conn.Close()
 		s.mu.Lock()
 		delete(s.sessions, ss)
-		if ss.job != nil {
-			ss.job.refs--
-			ss.job.touched = time.Now()
+		delete(s.pending, ss)
+		if j := ss.job; j != nil {
+			s.authed--
+			j.refs--
+			j.touched = time.Now()
+			if c := j.claims[ss.rank]; c != nil && c.instance == ss.instance {
+				if c.live--; c.live == 0 && !c.left && !ss.left {
+					j.rankGone(ss.rank, j.touched)
+					ss.log.Debug().Msg("rank went away before leaving")
+				}
+			}
 		}
 		s.mu.Unlock()
 		s.wg.Done()
 	}()
 	ss.log.Debug().Msg("client connected")
+	if !ss.sameUser() {
+		return
+	}
 	limit := helloLimit
 	for {
 		if !ss.armReadDeadline() {
@@ -80,17 +95,55 @@ func (ss *session) armReadDeadline() bool {
 	if s.closing {
 		return false
 	}
-	ss.conn.SetReadDeadline(time.Now().Add(s.cfg.IdleTimeout))
+	wait := s.cfg.IdleTimeout
+	if ss.job == nil {
+		wait = min(wait, s.cfg.HelloTimeout)
+	}
+	ss.conn.SetReadDeadline(time.Now().Add(wait))
 	return true
+}
+
+// lookupPeerUID is peerUID; tests stand in for another user.
+var lookupPeerUID = peerUID
+
+// sameUser enforces, on a server without a token (which serves loopback
+// only), that the client runs as the server's user: other users on the
+// host must not join, or poison, a job. It answers and returns false when
+// the client is someone else.
+func (ss *session) sameUser() bool {
+	if ss.srv.cfg.Token != "" {
+		return true
+	}
+	uid, err := lookupPeerUID(ss.conn)
+	if errors.Is(err, errUIDUnsupported) {
+		return true
+	}
+	var msg string
+	switch {
+	case err != nil:
+		msg = fmt.Sprintf("this rendezvous has no token and takes only its own user's processes, but the owner of %s is unknown: %v", ss.conn.RemoteAddr(), err)
+	case uid != os.Getuid():
+		msg = fmt.Sprintf("this rendezvous has no token and takes only its own user's processes (uid %d), not uid %d", os.Getuid(), uid)
+	default:
+		return true
+	}
+	ss.drop(CodeUnauthorized, msg, "rejecting client: another user")
+	return false
 }
 
 func (ss *session) readFailed(err error) {
 	closing := ss.srv.isClosing()
+	ss.srv.mu.Lock()
+	evicted := ss.evicted
+	ss.srv.mu.Unlock()
 	switch {
+	case evicted:
 	case err == io.EOF:
 		ss.log.Debug().Msg("client disconnected")
 	case closing:
 		ss.log.Debug().Err(err).Msg("closing connection: server shutting down")
+	case errors.Is(err, os.ErrDeadlineExceeded) && ss.job == nil:
+		ss.log.Warn().Bool("before_hello", true).Dur("hello_timeout", min(ss.srv.cfg.HelloTimeout, ss.srv.cfg.IdleTimeout)).Msg("dropping stalled client")
 	case errors.Is(err, os.ErrDeadlineExceeded):
 		ss.log.Warn().Dur("idle_timeout", ss.srv.cfg.IdleTimeout).Msg("dropping stalled client")
 	case errors.Is(err, ErrFrameTooLarge):
@@ -131,6 +184,14 @@ func (ss *session) lingerClose() {
 }
 
 func (ss *session) write(m Message) error {
+	if r, ok := m.(*ErrorReply); ok && ss.job != nil {
+		s := ss.srv
+		s.mu.Lock()
+		if r == ss.job.failed {
+			ss.job.tell(ss.rank)
+		}
+		s.mu.Unlock()
+	}
 	ss.conn.SetWriteDeadline(time.Now().Add(ss.srv.cfg.IdleTimeout))
 	if v, ok := m.(*Values); ok {
 		return writeValues(ss.conn, v.Values)
@@ -162,6 +223,9 @@ func writeValues(w io.Writer, values [][]byte) error {
 	_, err := bufs.WriteTo(w)
 	return err
 }
+
+// tokenRejected is the server's word for a wrong token.
+const tokenRejected = "the server rejected the token"
 
 func badRequest(format string, args ...any) *ErrorReply {
 	return &ErrorReply{Code: CodeBadRequest, Message: fmt.Sprintf(format, args...)}
@@ -208,7 +272,7 @@ func (ss *session) hello(h *Hello) (Message, bool) {
 	}
 	if !s.tokenOK(h.Token) {
 		ss.log.Warn().Str("job", h.Job).Msg("rejecting client: bad token")
-		return &ErrorReply{Code: CodeUnauthorized, Message: "the server rejected the token"}, false
+		return &ErrorReply{Code: CodeUnauthorized, Message: tokenRejected}, false
 	}
 	var r *ErrorReply
 	switch {
@@ -227,31 +291,60 @@ func (ss *session) hello(h *Hello) (Message, bool) {
 	}
 
 	rank, size := int(h.Rank), int(h.Size)
-	log := ss.log.With().Str("job", h.Job).Str("attempt", h.Attempt).Int("rank", rank).Logger()
+	log := ss.log.With().Str("job", h.Job).Str("attempt", h.Attempt).Str("launch", h.Launch).Int("rank", rank).Logger()
 	now := time.Now()
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	j, r := s.jobForLocked(h, now)
-	if r == nil && j.failed == nil {
-		switch {
-		case size != j.size:
-			r = j.fail(CodeMismatch, fmt.Sprintf("rank %d says the job has %d ranks, but rank %d said %d", rank, size, j.sizeFrom, j.size))
-			log.Warn().Int("size", size).Int("expected_size", j.size).Msg("job failed: ranks disagree on its size")
-		case rank >= size:
-			r = j.fail(CodeMismatch, fmt.Sprintf("rank %d is out of range for a job of %d ranks", rank, size))
-			log.Warn().Int("size", size).Msg("job failed: rank out of range")
-		}
-	} else if r == nil {
-		r = j.failed
-	}
-	if r == nil {
-		j.refs++
-		j.touched = now
-		ss.job, ss.rank, ss.log = j, rank, log
-	}
-	s.mu.Unlock()
 	if r != nil {
+		log.Warn().Str("error", r.Message).Msg("rejecting client")
 		return r, false
 	}
+	j.maxSize = max(j.maxSize, min(size, s.cfg.MaxKeysPerJob))
+	switch {
+	case j.failed != nil:
+	case size != j.size:
+		j.fail(CodeMismatch, fmt.Sprintf("rank %d says the job has %d ranks, but rank %d said %d", rank, size, j.sizeFrom, j.size))
+		log.Warn().Int("size", size).Int("expected_size", j.size).Msg("job failed: ranks disagree on its size")
+	case rank >= size:
+		j.fail(CodeMismatch, fmt.Sprintf("rank %d is out of range for a job of %d ranks", rank, size))
+		log.Warn().Int("size", size).Msg("job failed: rank out of range")
+	}
+	if j.failed != nil {
+		j.tell(rank)
+		return j.failed, false
+	}
+	if s.authed >= s.cfg.MaxConns {
+		log.Warn().Int("max_conns", s.cfg.MaxConns).Msg("rejecting client: connection limit reached")
+		return &ErrorReply{Code: CodeBusy, Message: fmt.Sprintf("server is at its limit of %d connections", s.cfg.MaxConns)}, false
+	}
+	c := j.claims[rank]
+	switch {
+	case c == nil || c.instance == h.Instance:
+		// The first claim, or the same process again (a retry).
+	case c.live > 0 || c.left:
+		log.Warn().Str("first_remote", c.remote).Msg("job failed: a rank claimed by two processes")
+		// The holder is told when it next asks; it, not this newcomer,
+		// is the rank the hosting rank waits to tell.
+		return j.fail(CodeDuplicate, fmt.Sprintf("rank %d of %s was claimed by two processes (connected from %s and %s): two runs share this job id and attempt",
+			rank, j.key.describe(), c.remote, ss.conn.RemoteAddr())), false
+	default:
+		// Its holder went away before leaving: this is that rank
+		// restarted, and what the holder wrote is no longer current.
+		log.Info().Msg("rank rejoins from a new process")
+		c = nil
+	}
+	if c == nil {
+		c = &claim{instance: h.Instance, remote: ss.conn.RemoteAddr().String()}
+		j.claims[rank] = c
+	}
+	c.live++
+	c.gone = time.Time{}
+	j.refs++
+	j.touched = now
+	ss.job, ss.rank, ss.instance, ss.log = j, rank, h.Instance, log
+	delete(s.pending, ss)
+	s.authed++
 	ss.log.Debug().Int("size", size).Msg("client joined")
 	return &Ack{}, true
 }
@@ -263,10 +356,21 @@ func checkKey(k string) *ErrorReply {
 	return nil
 }
 
+// ownKey reports whether key is one that rank may write: its last
+// path element is the rank, in decimal ("payload/3" for rank 3).
+func ownKey(key string, rank int) bool {
+	return strings.HasSuffix(key, "/"+strconv.Itoa(rank))
+}
+
 func (ss *session) put(p *Put) (Message, bool) {
 	s := ss.srv
 	if r := checkKey(p.Key); r != nil {
 		ss.log.Warn().Str("error", r.Message).Msg("dropping client: bad key")
+		return r, false
+	}
+	if !ownKey(p.Key, ss.rank) {
+		r := badRequest("rank %d may write only its own keys (ending in /%d), not %q", ss.rank, ss.rank, p.Key)
+		ss.log.Warn().Str("key", p.Key).Msg("dropping client: write to another rank's key")
 		return r, false
 	}
 	s.mu.Lock()
@@ -276,14 +380,19 @@ func (ss *session) put(p *Put) (Message, bool) {
 	if j.failed != nil {
 		return j.failed, true
 	}
+	if old, ok := j.values[p.Key]; ok && old.instance != ss.instance && !j.current(p.Key) {
+		// Written by this rank's previous process, which went away: the
+		// restarted one's value replaces it.
+		delete(j.values, p.Key)
+		j.bytes -= len(p.Key) + len(old.value)
+	}
 	if old, ok := j.values[p.Key]; ok {
 		if bytes.Equal(old.value, p.Value) {
 			return &Ack{}, true // a retry
 		}
 		ss.log.Warn().Str("key", p.Key).Int("first_rank", old.rank).Msg("job failed: two different values for one key")
 		return j.fail(CodeMismatch, fmt.Sprintf(
-			"rank %d wrote key %q, which rank %d had already written with a different value (two processes with the same rank, or a restarted job that reused its attempt id)",
-			ss.rank, p.Key, old.rank)), true
+			"rank %d wrote key %q twice, with different values", ss.rank, p.Key)), true
 	}
 	if len(j.values) >= s.cfg.MaxKeysPerJob {
 		ss.log.Warn().Int("max_keys", s.cfg.MaxKeysPerJob).Msg("job failed: key limit reached")
@@ -293,7 +402,7 @@ func (ss *session) put(p *Put) (Message, bool) {
 		ss.log.Warn().Int("max_job_bytes", s.cfg.MaxJobBytes).Msg("job failed: byte limit reached")
 		return j.fail(CodeLimit, fmt.Sprintf("the job would store more than %d bytes, this server's limit", s.cfg.MaxJobBytes)), true
 	}
-	j.values[p.Key] = entry{value: bytes.Clone(p.Value), rank: ss.rank}
+	j.values[p.Key] = entry{value: bytes.Clone(p.Value), rank: ss.rank, instance: ss.instance}
 	j.bytes += len(p.Key) + len(p.Value)
 	j.written(p.Key)
 	return &Ack{}, true
@@ -336,18 +445,23 @@ func (ss *session) get(g *Get) (Message, bool) {
 			s.mu.Unlock()
 			return j.failed, true
 		}
-		for next < len(g.Keys) {
-			if _, ok := j.values[g.Keys[next]]; !ok {
-				break
-			}
+		for next < len(g.Keys) && j.current(g.Keys[next]) {
 			next++
 		}
+		var values [][]byte
+		size := 0
 		if next == len(g.Keys) {
-			values, size := make([][]byte, len(g.Keys)), 0
+			values = make([][]byte, len(g.Keys))
 			for i, k := range g.Keys {
+				if !j.current(k) { // its writer went away since
+					next = i
+					break
+				}
 				values[i] = j.values[k].value
 				size += 4 + len(values[i])
 			}
+		}
+		if next == len(g.Keys) {
 			s.mu.Unlock()
 			if size > MaxFrameBytes-16 {
 				return &ErrorReply{Code: CodeLimit, Message: fmt.Sprintf("the reply would be %d bytes, more than the protocol's limit", size)}, true
@@ -355,10 +469,19 @@ func (ss *session) get(g *Get) (Message, bool) {
 			return &Values{Values: values}, true
 		}
 		if !time.Now().Before(deadline) {
+			// Missing are the keys nobody wrote; failing those, the ones
+			// whose writers went away.
 			var missing []uint32
-			for i := next; i < len(g.Keys); i++ {
+			for i := range g.Keys {
 				if _, ok := j.values[g.Keys[i]]; !ok {
 					missing = append(missing, uint32(i))
+				}
+			}
+			if len(missing) == 0 {
+				for i := range g.Keys {
+					if !j.current(g.Keys[i]) {
+						missing = append(missing, uint32(i))
+					}
 				}
 			}
 			s.mu.Unlock()
@@ -445,6 +568,9 @@ func (ss *session) leave() (Message, bool) {
 	j := ss.job
 	ss.left = true
 	j.left[ss.rank] = struct{}{}
+	if c := j.claims[ss.rank]; c != nil && c.instance == ss.instance {
+		c.left = true
+	}
 	j.touched = time.Now()
 	if len(j.left) == j.size {
 		select {

@@ -17,8 +17,9 @@ import (
 // Every request gets exactly one reply, and a client sends its next request
 // only after reading the reply to the previous one.
 
-// ProtocolVersion is the version a client announces in its Hello.
-const ProtocolVersion = 1
+// ProtocolVersion is the version a client announces in its Hello. Version 2
+// added the hello's launch and instance.
+const ProtocolVersion = 2
 
 // helloMagic opens every Hello, so that a stray HTTP probe or port scanner is
 // told apart from an old or new client at the first frame.
@@ -66,14 +67,22 @@ type Message interface {
 }
 
 // Hello opens a session: it authenticates the client and places it in the
-// namespace of (Job, Attempt) as rank Rank of Size.
+// namespace of (Job, Attempt, Launch) as rank Rank of Size.
 type Hello struct {
 	Version uint8
 	Token   string
 	Job     string
 	Attempt string
-	Rank    uint32
-	Size    uint32
+	// Launch names the launch the rank belongs to (what its launcher gave
+	// every rank, digested): runs of one job id and attempt from different
+	// launches never meet. Empty when nothing names the launch.
+	Launch string
+	// Instance is chosen at random by each Allgather call and kept across
+	// its retries: a second process claiming a rank that a live one holds
+	// has another instance.
+	Instance uint64
+	Rank     uint32
+	Size     uint32
 }
 
 // Put stores Value under Key, once: writing the same value again is
@@ -147,6 +156,8 @@ func (m *Hello) appendFields(b []byte) []byte {
 	b = appendStr(b, m.Token)
 	b = appendStr(b, m.Job)
 	b = appendStr(b, m.Attempt)
+	b = appendStr(b, m.Launch)
+	b = binary.BigEndian.AppendUint64(b, m.Instance)
 	b = binary.BigEndian.AppendUint32(b, m.Rank)
 	return binary.BigEndian.AppendUint32(b, m.Size)
 }
@@ -256,6 +267,14 @@ func (d *decoder) u32(what string) uint32 {
 	return binary.BigEndian.Uint32(v)
 }
 
+func (d *decoder) u64(what string) uint64 {
+	v := d.bytes(8, what)
+	if v == nil {
+		return 0
+	}
+	return binary.BigEndian.Uint64(v)
+}
+
 func (d *decoder) str(what string) string {
 	n := d.u16(what)
 	return string(d.bytes(int(n), what))
@@ -306,6 +325,8 @@ func Decode(body []byte) (Message, error) {
 		h.Token = d.str("token")
 		h.Job = d.str("job")
 		h.Attempt = d.str("attempt")
+		h.Launch = d.str("launch")
+		h.Instance = d.u64("instance")
 		h.Rank = d.u32("rank")
 		h.Size = d.u32("size")
 		m = h

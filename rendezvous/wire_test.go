@@ -13,7 +13,7 @@ import (
 // sampleMessages has one of each message, with fields set.
 func sampleMessages() []Message {
 	return []Message{
-		&Hello{Version: ProtocolVersion, Token: "s3cret", Job: "train", Attempt: "3", Rank: 2, Size: 4},
+		&Hello{Version: ProtocolVersion, Token: "s3cret", Job: "train", Attempt: "3", Launch: "5f1b2c", Instance: 0x0123456789abcdef, Rank: 2, Size: 4},
 		&Hello{Version: ProtocolVersion, Job: "j"},
 		&Put{Key: "payload/2", Value: []byte("ucx-address-bytes\x00\xff")},
 		&Put{Key: "k", Value: nil},

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import atexit
 import ctypes
+import os
+import re
 import threading
+import time
 from collections import OrderedDict
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -71,12 +75,97 @@ class Plan:
                 pass
 
 
+# halo's bootstrap deadline, as libhalo reads it (comm/settings.go): a
+# number of milliseconds, or a number with a unit. A value this cannot read
+# is left to halo_comm_create, which fails naming it.
+_BOOTSTRAP_TIMEOUT_VAR = "HALO_BOOTSTRAP_TIMEOUT_MS"
+_BOOTSTRAP_TIMEOUT_DEFAULT = 60.0
+_UNITS = {"ns": 1e-9, "us": 1e-6, "\u00b5s": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def bootstrap_timeout() -> float:
+    """Seconds a rank waits for the others while a communicator is made."""
+    v = os.environ.get(_BOOTSTRAP_TIMEOUT_VAR, "").strip()
+    if not v:
+        return _BOOTSTRAP_TIMEOUT_DEFAULT
+    if v.isdigit():
+        return int(v) / 1000 or _BOOTSTRAP_TIMEOUT_DEFAULT
+    m = re.fullmatch(r"(\d+(?:\.\d*)?)(ns|us|\u00b5s|ms|s|m|h)", v)
+    if not m:
+        return _BOOTSTRAP_TIMEOUT_DEFAULT
+    return float(m.group(1)) * _UNITS[m.group(2)] or _BOOTSTRAP_TIMEOUT_DEFAULT
+
+
+def _rank_list(ranks) -> str:
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
+
+
+def _group_name(group) -> str:
+    """A name of the group that every member agrees on."""
+    c10d = dist.distributed_c10d
+    for get in (lambda: c10d._get_process_group_name(group), lambda: group.group_name, lambda: c10d._pg_names[group]):
+        try:
+            name = get()
+        except Exception:  # noqa: BLE001 - another torch version
+            continue
+        if name:
+            return str(name)
+    return "ranks-" + "-".join(map(str, dist.get_process_group_ranks(group)))
+
+
+# Communicators made per group name, so that a new one after
+# destroy_communicator uses fresh keys in the store.
+_generations: dict = {}
+
+
+class _Exchange:
+    """An all-gather of small values through the default process group's
+    store, with a deadline: a rank that never comes is named in a HaloError
+    when the deadline passes, instead of leaving the others in a collective
+    until torch's own timeout (30 minutes by default)."""
+
+    def __init__(self, group, rank: int, world: int, timeout: float):
+        name = _group_name(group)
+        gen = _generations.get(name, 0)
+        _generations[name] = gen + 1
+        self.prefix = f"halocp/{name}/{gen}"
+        self.store = dist.distributed_c10d._get_default_store()
+        self.rank, self.world, self.timeout = rank, world, timeout
+
+    def gather(self, step: str, value: bytes) -> list:
+        keys = [f"{self.prefix}/{step}/{r}" for r in range(self.world)]
+        self.store.set(keys[self.rank], value)
+        start = time.monotonic()
+        try:
+            self.store.wait(keys, timedelta(seconds=self.timeout))
+        except Exception as e:  # noqa: BLE001 - torch says "timeout" in several ways
+            missing = [r for r, k in enumerate(keys) if not self._has(k)]
+            if not missing:
+                raise HaloError(_lib.ERR_RENDEZVOUS, f"halocp: rank {self.rank}: the process group's store failed: {e}") from e
+            raise HaloError(
+                _lib.ERR_RENDEZVOUS,
+                f"halocp: rank {self.rank}: {_rank_list(missing)} of {self.world} did not take part in making the "
+                f"group's communicator within {time.monotonic() - start:.0f}s ({_BOOTSTRAP_TIMEOUT_VAR}): every rank "
+                f"of the group must make its first halo exchange on it, in the same order",
+            ) from None
+        return [self.store.get(k) for k in keys]
+
+    def _has(self, key: str) -> bool:
+        # Store.check is newer than torch 1.13; a short wait tells as much.
+        try:
+            self.store.wait([key], timedelta(milliseconds=10))
+            return True
+        except Exception:  # noqa: BLE001
+            return False
+
+
 class Communicator:
     """libhalo's communicator for one torch process group.
 
     Made collectively on first use: every rank opens its transport, the
-    addresses travel through the group itself (``all_gather_object``), and
-    every rank connects. Use :func:`halocp.communicator` to get one.
+    addresses travel through the default process group's store (within
+    halo's bootstrap timeout, HALO_BOOTSTRAP_TIMEOUT_MS), and every rank
+    connects. Use :func:`halocp.communicator` to get one.
     """
 
     def __init__(self, group, timeout: float | None = None):
@@ -93,6 +182,7 @@ class Communicator:
 
         # Every rank takes part in both gathers even when its own step failed,
         # so a failure on one rank is an error on all of them, not a hang.
+        self._exchange = _Exchange(group, self.rank, self.world_size, bootstrap_timeout())
         address, failure = None, None
         try:
             L = _lib.lib()
@@ -114,7 +204,7 @@ class Communicator:
             address = ctypes.string_at(ptr, length.value)
         except HaloError as e:
             failure = e
-        addresses = self._gather(address if failure is None else failure)
+        addresses = self._gather("address", address if failure is None else failure)
         try:
             n = self.world_size
             bufs = [ctypes.create_string_buffer(a, len(a)) for a in addresses]
@@ -123,21 +213,29 @@ class Communicator:
             _lib.check(L.halo_comm_connect(self.handle, ptrs, lens), "halo_comm_connect")
         except HaloError as e:
             failure = e
-        self._gather(failure)
+        self._gather("connected", failure if failure is not None else b"")
 
-    def _gather(self, mine):
-        """all_gather_object that raises on every rank if any rank sent an error."""
-        everyone = [None] * self.world_size
-        dist.all_gather_object(everyone, mine if not isinstance(mine, HaloError) else ("error", mine.code, str(mine)),
-                               group=self.group)
+    def _gather(self, step: str, mine):
+        """Every rank's value for step; raises on every rank if any rank sent
+        an error, or did not come in time."""
+        if isinstance(mine, HaloError):
+            value = b"E" + f"{mine.code}\n{mine}".encode()
+        else:
+            value = b"A" + mine
+        try:
+            everyone = self._exchange.gather(step, value)
+        except HaloError:
+            self.close()
+            raise
         if isinstance(mine, HaloError):
             self.close()
             raise mine
         for r, v in enumerate(everyone):
-            if isinstance(v, tuple):
+            if v[:1] == b"E":
+                code, _, msg = v[1:].decode(errors="replace").partition("\n")
                 self.close()
-                raise HaloError(v[1], f"halocp: rank {r} could not set up its communicator: {v[2]}")
-        return everyone
+                raise HaloError(int(code), f"halocp: rank {r} could not set up its communicator: {msg}")
+        return [v[1:] for v in everyone]
 
     def plan(self, key: tuple, make_params) -> Plan:
         """The cached plan for key, or a new one made collectively from
