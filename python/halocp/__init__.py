@@ -27,7 +27,8 @@ from ._lib import (
     library_path,
     version,
 )
-from .exchange import cp_halo_exchange, halo_exchange_
+from ._inflight import Exchange, abort
+from .exchange import cp_halo_exchange, cp_halo_exchange_start, halo_exchange_, halo_exchange_start_, halos, halos_start
 from . import nn
 
 # include/halo.h's version (the source); pyproject.toml reads this line and
@@ -37,6 +38,12 @@ __version__ = "0.2.0"
 __all__ = [
     "cp_halo_exchange",
     "halo_exchange_",
+    "halos",
+    "cp_halo_exchange_start",
+    "halo_exchange_start_",
+    "halos_start",
+    "Exchange",
+    "abort",
     "HaloError",
     "Communicator",
     "communicator",
