@@ -6,6 +6,10 @@
 The same signature and numbers as the torch.distributed reference, over
 libhalo (UCX) instead of torch.distributed P2P: no packing of boundary
 slabs, no zero halos and ``torch.cat`` per call, and errors instead of hangs.
+Also: the halos alone (``halos``), exchanges started now and finished later
+(``cp_halo_exchange_start``, ``halo_exchange_start_``, ``halos_start``),
+``abort`` for a watchdog, and context-parallel Conv3d layers (``halocp.nn``)
+that convolve while the halos travel, with no padded copy of their input.
 Pure Python over ``libhalo.so`` through ctypes; the library is found through
 ``HALO_LIBRARY``, next to this package, in the source tree's ``build/lib``,
 or on the dynamic loader's path.

@@ -272,6 +272,24 @@ def scenario_layers():
                     full_size = [f for f, s in bwd.shapes if s[-4:] == tuple(x.shape[-4:]) and "convolution" not in f]
                     expect(not full_size, f"{what}: the backward made tensors of x's shape: {full_size}")
 
+    # An input that needs no gradient (the weight's is still right: the
+    # halos were kept), and inference under no_grad.
+    lengths = LENGTHS[0][:W]
+    off = ranks.offsets(lengths)
+    torch.manual_seed(7)
+    layer = halocp.nn.CenteredConv3d(4, 6, 3, padding=1, dtype=torch.float64)
+    xg = torch.randn(1, 4, off[-1], 3, 4, dtype=torch.float64)
+    yg = F.conv3d(F.pad(xg, (0, 0, 0, 0, 1, 1)), layer.weight, layer.bias, padding=(0, 1, 1))
+    gg = torch.randn_like(yg)
+    want_w = torch.autograd.grad(yg, layer.weight, gg)[0]
+    x = xg.narrow(2, off[R], lengths[R]).clone()
+    with torch.no_grad():
+        torch.testing.assert_close(layer(x), yg.detach().narrow(2, off[R], lengths[R]))
+    layer(x).backward(gg.narrow(2, off[R], lengths[R]))
+    g = layer.weight.grad.clone()
+    dist.all_reduce(g)
+    torch.testing.assert_close(g, want_w)
+
     # Bad input: a clear error on every rank, before any exchange.
     layer = halocp.nn.CausalConv3d(4, 6, 3)
     raises(lambda: layer(torch.randn(2, 5, 4, 3, 3)), halocp.ERR_INVALID_ARGUMENT, "wrong number of channels")
