@@ -71,12 +71,12 @@ class _ContextParallelConv(torch.autograd.Function):
     with no temporal padding: output frame t reads P[t .. t + c], c = L + R.
     Frames L .. n-R-1 read x alone: they are conv(x), computed while the
     halos travel. The L first frames read [left halo | x[:c]] and the R last
-    ones [x[n-c:] | right halo]: two small slabs, convolved once the halos
-    are in. In the backward the slabs' input gradients give the halo
-    gradients (sent to the neighbours) and a correction of x's first and
-    last c frames; the neighbours' halo gradients are added into the
-    convolution's own grad_x by the library, while the weight gradient is
-    computed. Ranks whose shard is not longer than c (so that the slabs
+    ones [x[n-c:] | right halo]: two small slabs, whose windows are
+    convolved once the halos are in (see _windows). In the backward the
+    windows' input gradients give the halo gradients (sent to the
+    neighbours) and a correction of x's first and last c frames; the
+    neighbours' halo gradients are added into the convolution's own grad_x
+    by the library, while the weight gradient is computed. Ranks whose shard is not longer than c (so that the slabs
     would overlap or reach past x) convolve P itself, which is then small.
     """
 
@@ -101,13 +101,9 @@ class _ContextParallelConv(torch.autograd.Function):
         if pending:
             pending.finish(block=True)
         if fused:
-            parts = [y_in]
-            if L:
-                parts.insert(0, cfg.conv(torch.cat([lh, x.narrow(2, 0, c)], 2), weight, bias))
-            if R:
-                parts.append(cfg.conv(torch.cat([x.narrow(2, n - c, c), rh], 2), weight, bias))
+            y_left, y_right = _from_windows(cfg.conv(_windows(lh, x, rh, L, R), weight, bias), L, R)
             # The one full-size copy: conv3d cannot write into a given tensor.
-            y = torch.cat(parts, 2) if len(parts) > 1 else y_in
+            y = torch.cat([y_left, y_in, y_right], 2)
         elif n:
             y = cfg.conv(torch.cat([lh, x, rh], 2), weight, bias)
         else:  # an empty shard: no output frames, but its halos still travel
@@ -143,30 +139,23 @@ class _ContextParallelConv(torch.autograd.Function):
 
         if not (need_x or need_w):
             return None, None, grad_b, None
-        mask = (need_x, need_w, False)
         grad_in = grad.narrow(2, L, n - c)  # the gradient of the output frames that read x alone
-        slab_w = []
-        if L:
-            grad_sl, gw, _ = cfg.conv_backward(grad.narrow(2, 0, L), torch.cat([lh, x.narrow(2, 0, c)], 2),
-                                               weight, mask)
-            slab_w.append(gw)
-        if R:
-            grad_sr, gw, _ = cfg.conv_backward(grad.narrow(2, n - R, R), torch.cat([x.narrow(2, n - c, c), rh], 2),
-                                               weight, mask)
-            slab_w.append(gw)
+        grad_win, grad_w_win, _ = cfg.conv_backward(_to_windows(grad, L, R), _windows(lh, x, rh, L, R), weight,
+                                                    (need_x, need_w, False))
         pending = None
         if need_x:
             grad_x = cfg.conv_backward(grad_in, x, weight, (True, False, False))[0]
             if not grad_x.is_contiguous():  # the plan's layout (x channels-last, say)
                 grad_x = grad_x.contiguous()
-            empty = grad_x.new_empty(0)
-            grad_left = grad_right = empty
+            # The windows' input gradients, summed into the two slabs
+            # [left halo | x[:c]] and [x[n-c:] | right halo]: the halo
+            # gradients, and the rest of the gradient of x's first and last c frames.
+            grad_sl, grad_sr = _into_slabs(grad_win, L, R, grad_x.shape)
+            grad_left = grad_right = grad_x.new_empty(0)
             if L:
-                grad_sl = grad_sl.contiguous()
                 grad_x.narrow(2, 0, c).add_(grad_sl.narrow(2, L, c))
                 grad_left = grad_sl.narrow(2, 0, L)
             if R:
-                grad_sr = grad_sr.contiguous()
                 grad_x.narrow(2, n - c, c).add_(grad_sr.narrow(2, 0, c))
                 grad_right = grad_sr.narrow(2, c, R)
             # grad_x now holds all but the neighbours' part, which the library
@@ -179,11 +168,66 @@ class _ContextParallelConv(torch.autograd.Function):
                 if pending is not None:
                     pending.finish_quietly()
                 raise
-            for gw in slab_w:
-                grad_w.add_(gw)
+            grad_w.add_(grad_w_win)
         if pending is not None:
             pending.finish(block=True)
         return grad_x, grad_w, grad_b, None
+
+
+# The L first and R last output frames each read a window of c + 1 frames of
+# P = [left halo | x | right halo]. They are convolved as one batch of L + R
+# windows (times N) rather than as two slabs: torch picks its CPU convolution
+# by the input's size, and small slabs would take the slow unfolding one
+# (ten times slower per frame than the oneDNN one that the full-size
+# convolutions take), while a batch of more than one takes oneDNN.
+
+
+def _windows(lh, x, rh, L, R):
+    """((L + R) * N, C, c + 1, H, W): window t of the left slab, then of the
+    right one, each N batch entries long."""
+    c, n = L + R, x.shape[2]
+    wins = []
+    if L:
+        slab = torch.cat([lh, x.narrow(2, 0, c)], 2)
+        wins += [slab.narrow(2, t, c + 1) for t in range(L)]
+    if R:
+        slab = torch.cat([x.narrow(2, n - c, c), rh], 2)
+        wins += [slab.narrow(2, t, c + 1) for t in range(R)]
+    return torch.cat(wins, 0)
+
+
+def _from_windows(y_win, L, R):
+    """The windows' one-frame outputs as the (N, C, L, H, W) first and
+    (N, C, R, H, W) last output frames (views)."""
+    n_batch = y_win.shape[0] // (L + R)
+    frames = y_win.view(L + R, n_batch, *y_win.shape[1:2], *y_win.shape[3:]).permute(1, 2, 0, 3, 4)
+    return frames.narrow(2, 0, L), frames.narrow(2, L, R)
+
+
+def _to_windows(grad, L, R):
+    """The output gradient of the windows' frames, in the windows' order."""
+    n = grad.shape[2]
+    frames = torch.cat([grad.narrow(2, 0, L), grad.narrow(2, n - R, R)], 2)
+    return frames.permute(2, 0, 1, 3, 4).reshape(-1, grad.shape[1], 1, *grad.shape[3:])
+
+
+def _into_slabs(grad_win, L, R, x_shape):
+    """The windows' input gradients summed into the left slab's (N, C, L + c,
+    H, W) and the right slab's (N, C, c + R, H, W); None for a side with no
+    halo."""
+    c = L + R
+    n_batch = x_shape[0]
+    grad_win = grad_win.view(L + R, n_batch, *grad_win.shape[1:])
+    slabs = []
+    for first, count in ((0, L), (L, R)):
+        if not count:
+            slabs.append(None)
+            continue
+        slab = grad_win.new_zeros(_padded_frames(grad_win[0], count + c))
+        for t in range(count):
+            slab.narrow(2, t, c + 1).add_(grad_win[first + t])
+        slabs.append(slab)
+    return slabs
 
 
 def _plan(x, cfg, fused):

@@ -264,12 +264,13 @@ def scenario_layers():
 
             c, n = layer.left + layer.right, lengths[R]
             if n > c and c > 0:  # the fused path (shorter shards convolve a small padded copy)
-                padded = tuple(x.shape[:t]) + (n + c,) + tuple(x.shape[t + 1:])
-                made = [f for f, s in fwd.shapes + bwd.shapes if s[-4:] == padded[-4:]]
+                x5 = (1,) * unbatched + tuple(x.shape)  # the layer works on a batch
+                padded = x5[:2] + (n + c,) + x5[3:]
+                made = [f for f, s in fwd.shapes + bwd.shapes if s == padded]
                 expect(not made, f"{what}: the padded input was made by {made}")
                 expect(padded not in saved, f"{what}: autograd saved a tensor of the padded input's shape")
                 if n not in (layer.left + c, c + layer.right):  # else a slab has x's shape
-                    full_size = [f for f, s in bwd.shapes if s[-4:] == tuple(x.shape[-4:]) and "convolution" not in f]
+                    full_size = [f for f, s in bwd.shapes if s == x5 and "convolution" not in f]
                     expect(not full_size, f"{what}: the backward made tensors of x's shape: {full_size}")
 
     # An input that needs no gradient (the weight's is still right: the
