@@ -6,6 +6,10 @@
 The same signature and numbers as the torch.distributed reference, over
 libhalo (UCX) instead of torch.distributed P2P: no packing of boundary
 slabs, no zero halos and ``torch.cat`` per call, and errors instead of hangs.
+Also: the halos alone (``halos``), exchanges started now and finished later
+(``cp_halo_exchange_start``, ``halo_exchange_start_``, ``halos_start``),
+``abort`` for a watchdog, and context-parallel Conv3d layers (``halocp.nn``)
+that convolve while the halos travel, with no padded copy of their input.
 Python over ``libhalo.so`` through ctypes; the library is found through
 ``HALO_LIBRARY``, inside this package (where the wheel puts it), in a source
 checkout's ``build/lib``, or on the dynamic loader's path.
@@ -27,7 +31,8 @@ from ._lib import (
     library_path,
     version,
 )
-from .exchange import cp_halo_exchange, halo_exchange_
+from ._inflight import Exchange, abort
+from .exchange import cp_halo_exchange, cp_halo_exchange_start, halo_exchange_, halo_exchange_start_, halos, halos_start
 from . import nn
 
 # include/halo.h's version (the source); pyproject.toml reads this line and
@@ -37,6 +42,12 @@ __version__ = "0.2.0"
 __all__ = [
     "cp_halo_exchange",
     "halo_exchange_",
+    "halos",
+    "cp_halo_exchange_start",
+    "halo_exchange_start_",
+    "halos_start",
+    "Exchange",
+    "abort",
     "HaloError",
     "Communicator",
     "communicator",

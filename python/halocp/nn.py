@@ -15,7 +15,9 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from .exchange import cp_halo_exchange
+from . import _inflight, _lib
+from ._lib import HaloError
+from .exchange import _contiguous_strides, _empty_halos, plan_halos
 
 __all__ = ["CausalConv3d", "CenteredConv3d"]
 
@@ -27,6 +29,218 @@ def _pair(v, name):
     if len(v) != 2:
         raise ValueError(f"{name} is spatial (height, width): an int or a pair, not {v!r}")
     return v
+
+
+class _Config:
+    """A layer's convolution arguments, as the autograd Function needs them."""
+
+    __slots__ = ("stride", "padding", "dilation", "groups", "left", "right", "group")
+
+    def __init__(self, layer):
+        self.stride, self.padding, self.dilation = layer.stride, layer.padding, layer.dilation
+        self.groups, self.left, self.right, self.group = layer.groups, layer.left, layer.right, layer.group
+
+    def conv(self, x, weight, bias):
+        return F.conv3d(x, weight, bias, self.stride, self.padding, self.dilation, self.groups)
+
+    def output_shape(self, x, weight):
+        """The layer's output shape for shard x (as many frames as x; the
+        spatial sizes by conv3d's formula)."""
+        shape = [x.shape[0], weight.shape[0], x.shape[2]]
+        for i in (1, 2):
+            k = self.dilation[i] * (weight.shape[2 + i] - 1) + 1
+            shape.append((x.shape[2 + i] + 2 * self.padding[i] - k) // self.stride[i] + 1)
+        return shape
+
+    def conv_backward(self, grad, x, weight, mask):
+        """(grad_x, grad_weight, None) of conv(x, weight) for grad; mask says which."""
+        return torch.ops.aten.convolution_backward(grad, x, weight, None, self.stride, self.padding, self.dilation,
+                                                   False, (0, 0, 0), self.groups, mask)
+
+
+def _padded_frames(t, frames):
+    shape = list(t.shape)
+    shape[2] = frames
+    return shape
+
+
+class _ContextParallelConv(torch.autograd.Function):
+    """The context-parallel convolution without a padded copy of the input.
+
+    P = [left halo | x | right halo] along T (n + L + R frames), y = conv(P)
+    with no temporal padding: output frame t reads P[t .. t + c], c = L + R.
+    Frames L .. n-R-1 read x alone: they are conv(x), computed while the
+    halos travel. The L first frames read [left halo | x[:c]] and the R last
+    ones [x[n-c:] | right halo]: two small slabs, whose windows are
+    convolved once the halos are in (see _windows). In the backward the
+    windows' input gradients give the halo gradients (sent to the
+    neighbours) and a correction of x's first and last c frames; the
+    neighbours' halo gradients are added into the convolution's own grad_x
+    by the library, while the weight gradient is computed. Ranks whose shard is not longer than c (so that the slabs
+    would overlap or reach past x) convolve P itself, which is then small.
+    """
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, cfg):
+        if x.is_neg():
+            x = x.resolve_neg()
+        L, R = cfg.left, cfg.right
+        c, n = L + R, x.shape[2]
+        fused = n > c
+        lh, rh = _empty_halos(x, L, R, 2)
+        # No halos (a kernel one frame long, on an empty shard): no exchange.
+        plan = _plan(x, cfg, fused) if c else None
+        pending = _inflight.start(plan, _inflight.HALOS_FORWARD, x, lh, rh) if plan else None
+        if fused:
+            try:
+                y_in = cfg.conv(x, weight, bias)
+            except BaseException:
+                if pending:
+                    pending.finish_quietly()  # peers are owed this rank's part of the exchange
+                raise
+        if pending:
+            pending.finish(block=True)
+        if fused:
+            y_left, y_right = _from_windows(cfg.conv(_windows(lh, x, rh, L, R), weight, bias), L, R)
+            # The one full-size copy: conv3d cannot write into a given tensor.
+            y = torch.cat([y_left, y_in, y_right], 2)
+        elif n:
+            y = cfg.conv(torch.cat([lh, x, rh], 2), weight, bias)
+        else:  # an empty shard: no output frames, but its halos still travel
+            y = x.new_empty(cfg.output_shape(x, weight))
+        ctx.save_for_backward(x, weight, lh, rh)
+        ctx.cfg, ctx.plan, ctx.fused = cfg, plan, fused
+        return y
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight, lh, rh = ctx.saved_tensors
+        cfg, plan = ctx.cfg, ctx.plan
+        L, R = cfg.left, cfg.right
+        c, n = L + R, x.shape[2]
+        need_x, need_w, need_b = ctx.needs_input_grad[:3]
+        grad_x = grad_w = grad_b = None
+        if need_b:
+            grad_b = grad.sum((0, 2, 3, 4))
+        if not ctx.fused:
+            padded = torch.cat([lh, x, rh], 2)
+            if n:
+                grad_p, grad_w, _ = cfg.conv_backward(grad, padded, weight, (need_x, need_w, False))
+            else:
+                grad_p = torch.zeros_like(padded) if need_x else None
+                grad_w = torch.zeros_like(weight) if need_w else None
+            if need_x:
+                # Separate tensors: the library refuses interleaved views of one buffer.
+                grad_x = grad_p.narrow(2, L, n).contiguous()
+            if need_x and plan:
+                _inflight.run(plan, _inflight.HALOS_BACKWARD, grad_p.narrow(2, 0, L).contiguous(),
+                              grad_p.narrow(2, L + n, R).contiguous(), grad_x)
+            return grad_x, grad_w, grad_b, None
+
+        if not (need_x or need_w):
+            return None, None, grad_b, None
+        grad_in = grad.narrow(2, L, n - c)  # the gradient of the output frames that read x alone
+        grad_win, grad_w_win, _ = cfg.conv_backward(_to_windows(grad, L, R), _windows(lh, x, rh, L, R), weight,
+                                                    (need_x, need_w, False))
+        pending = None
+        if need_x:
+            grad_x = cfg.conv_backward(grad_in, x, weight, (True, False, False))[0]
+            if not grad_x.is_contiguous():  # the plan's layout (x channels-last, say)
+                grad_x = grad_x.contiguous()
+            # The windows' input gradients, summed into the two slabs
+            # [left halo | x[:c]] and [x[n-c:] | right halo]: the halo
+            # gradients, and the rest of the gradient of x's first and last c frames.
+            grad_sl, grad_sr = _into_slabs(grad_win, L, R, grad_x.shape)
+            grad_left = grad_right = grad_x.new_empty(0)
+            if L:
+                grad_x.narrow(2, 0, c).add_(grad_sl.narrow(2, L, c))
+                grad_left = grad_sl.narrow(2, 0, L)
+            if R:
+                grad_x.narrow(2, n - c, c).add_(grad_sr.narrow(2, 0, c))
+                grad_right = grad_sr.narrow(2, c, R)
+            # grad_x now holds all but the neighbours' part, which the library
+            # adds in place once it arrives.
+            pending = _inflight.start(plan, _inflight.HALOS_BACKWARD, grad_left, grad_right, grad_x)
+        if need_w:
+            try:
+                grad_w = cfg.conv_backward(grad_in, x, weight, (False, True, False))[1]
+            except BaseException:
+                if pending is not None:
+                    pending.finish_quietly()
+                raise
+            grad_w.add_(grad_w_win)
+        if pending is not None:
+            pending.finish(block=True)
+        return grad_x, grad_w, grad_b, None
+
+
+# The L first and R last output frames each read a window of c + 1 frames of
+# P = [left halo | x | right halo]. They are convolved as one batch of L + R
+# windows (times N) rather than as two slabs: torch picks its CPU convolution
+# by the input's size, and small slabs would take the slow unfolding one
+# (ten times slower per frame than the oneDNN one that the full-size
+# convolutions take), while a batch of more than one takes oneDNN.
+
+
+def _windows(lh, x, rh, L, R):
+    """((L + R) * N, C, c + 1, H, W): window t of the left slab, then of the
+    right one, each N batch entries long."""
+    c, n = L + R, x.shape[2]
+    wins = []
+    if L:
+        slab = torch.cat([lh, x.narrow(2, 0, c)], 2)
+        wins += [slab.narrow(2, t, c + 1) for t in range(L)]
+    if R:
+        slab = torch.cat([x.narrow(2, n - c, c), rh], 2)
+        wins += [slab.narrow(2, t, c + 1) for t in range(R)]
+    return torch.cat(wins, 0)
+
+
+def _from_windows(y_win, L, R):
+    """The windows' one-frame outputs as the (N, C, L, H, W) first and
+    (N, C, R, H, W) last output frames (views)."""
+    n_batch = y_win.shape[0] // (L + R)
+    frames = y_win.view(L + R, n_batch, *y_win.shape[1:2], *y_win.shape[3:]).permute(1, 2, 0, 3, 4)
+    return frames.narrow(2, 0, L), frames.narrow(2, L, R)
+
+
+def _to_windows(grad, L, R):
+    """The output gradient of the windows' frames, in the windows' order."""
+    n = grad.shape[2]
+    frames = torch.cat([grad.narrow(2, 0, L), grad.narrow(2, n - R, R)], 2)
+    return frames.permute(2, 0, 1, 3, 4).reshape(-1, grad.shape[1], 1, *grad.shape[3:])
+
+
+def _into_slabs(grad_win, L, R, x_shape):
+    """The windows' input gradients summed into the left slab's (N, C, L + c,
+    H, W) and the right slab's (N, C, c + R, H, W); None for a side with no
+    halo."""
+    c = L + R
+    n_batch = x_shape[0]
+    grad_win = grad_win.view(L + R, n_batch, *grad_win.shape[1:])
+    slabs = []
+    for first, count in ((0, L), (L, R)):
+        if not count:
+            slabs.append(None)
+            continue
+        slab = grad_win.new_zeros(_padded_frames(grad_win[0], count + c))
+        for t in range(count):
+            slab.narrow(2, t, c + 1).add_(grad_win[first + t])
+        slabs.append(slab)
+    return slabs
+
+
+def _plan(x, cfg, fused):
+    """The halos-only plan of x for the layer. In the fused path the halo
+    gradients are views of the slabs' input gradients, (N, C, L + c, H, W)
+    and (N, C, c + R, H, W) contiguous tensors."""
+    L, R = cfg.left, cfg.right
+    grad_strides = None
+    if fused:
+        c = L + R
+        grad_strides = (_contiguous_strides(_padded_frames(x, L + c)), _contiguous_strides(_padded_frames(x, c + R)),
+                        _contiguous_strides(x.shape))
+    return plan_halos(x, L, R, 2, cfg.group, grad_strides)
 
 
 class _ContextParallelConv3d(torch.nn.Conv3d):
@@ -43,12 +257,22 @@ class _ContextParallelConv3d(torch.nn.Conv3d):
         raise NotImplementedError
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        time = x.dim() - 3  # (N, C, T, H, W) or (C, T, H, W)
-        if self.group is not None or (dist.is_available() and dist.is_initialized()):
-            x = cp_halo_exchange(x, self.left, self.right, time, self.group)
-        elif self.left or self.right:  # one process holds the whole sequence
-            x = F.pad(x, (0, 0, 0, 0, self.left, self.right))
-        return F.conv3d(x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
+        halo = self.left or self.right
+        if not (self.group is not None or (dist.is_available() and dist.is_initialized())):
+            if halo:  # one process holds the whole sequence
+                x = F.pad(x, (0, 0, 0, 0, self.left, self.right))
+            return F.conv3d(x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
+        if not isinstance(x, torch.Tensor) or x.dim() not in (4, 5) or x.shape[-4] != self.in_channels:
+            what = f"shape {tuple(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__
+            raise HaloError(_lib.ERR_INVALID_ARGUMENT,
+                            f"halocp.nn: {type(self).__name__} wants (N, {self.in_channels}, T, H, W) or "
+                            f"({self.in_channels}, T, H, W) input, not {what}")
+        if not halo and x.shape[-3]:  # a kernel one frame long needs no context
+            return F.conv3d(x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
+        cfg = _Config(self)
+        if x.dim() == 4:  # unbatched
+            return _ContextParallelConv.apply(x.unsqueeze(0), self.weight, self.bias, cfg).squeeze(0)
+        return _ContextParallelConv.apply(x, self.weight, self.bias, cfg)
 
     def extra_repr(self) -> str:
         return super().extra_repr() + f", temporal halo=({self.left}, {self.right})"

@@ -1,0 +1,217 @@
+"""Exchanges in flight: the plan calls behind the asynchronous API, the
+handles it returns, exchanges whose handle was dropped, and abort.
+
+libhalo lets one exchange per plan and direction be in flight; until the
+wait (or test) that finishes it, the exchange owns its tensors: the library
+may still read the input and write the outputs. So everything here keeps
+those tensors, and the plan, alive until then, whatever the caller drops.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+from . import _lib
+from ._comm import _comms, resolve_group
+from ._lib import HaloError
+
+# Names of the C calls, by what they do; looked up on the loaded library
+# when called (ctypes caches the function objects).
+FORWARD = "halo_plan_forward"
+BACKWARD = "halo_plan_backward"
+HALOS_FORWARD = "halo_plan_halos_forward"
+HALOS_BACKWARD = "halo_plan_halos_backward"
+_DIRECTION = {
+    FORWARD: _lib.DIR_FORWARD,
+    BACKWARD: _lib.DIR_BACKWARD,
+    HALOS_FORWARD: _lib.DIR_FORWARD,
+    HALOS_BACKWARD: _lib.DIR_BACKWARD,
+}
+
+# Attribute of a Communicator holding the exchanges whose handles were
+# dropped before they finished (set here, so _comm.py needs no change).
+_DROPPED = "_halocp_dropped"
+
+
+def run(plan, call: str, *tensors) -> None:
+    """A blocking exchange on plan: the C call ``call`` with the tensors'
+    data pointers, in the header's argument order."""
+    settle(plan.comm)
+    with plan.comm.lock:
+        rc = getattr(_lib.lib(), call)(plan.handle, *[t.data_ptr() for t in tensors])
+        if rc:
+            raise _lib.error(rc, call)
+
+
+class Pending:
+    """One exchange in flight: the plan, the direction, and every tensor the
+    library may still touch. Holds no reference to its handle, so that
+    dropping the handle is seen (Exchange.__del__)."""
+
+    __slots__ = ("plan", "direction", "call", "tensors", "finished")
+
+    def __init__(self, plan, call, tensors):
+        self.plan, self.call, self.tensors = plan, call, tensors
+        self.direction = _DIRECTION[call]
+        self.finished = False
+
+    def finish(self, block: bool) -> bool:
+        """Wait (block) or test; True once finished. Raises HaloError on a
+        failure, which also ends the exchange (the library releases it)."""
+        if self.finished:
+            return True
+        L = _lib.lib()
+        with self.plan.comm.lock:
+            if block:
+                rc = L.halo_plan_wait(self.plan.handle, self.direction)
+                done = rc == 0
+            else:
+                flag = ctypes.c_int(0)
+                rc = L.halo_plan_test(self.plan.handle, self.direction, ctypes.byref(flag))
+                done = rc == 0 and flag.value == 1
+            if rc:
+                self._release()
+                raise _lib.error(rc, "halo_plan_wait" if block else "halo_plan_test")
+        if done:
+            self._release()
+        return done
+
+    def finish_quietly(self) -> None:
+        """Wait and swallow a failure: for an exchange abandoned because
+        something else failed (that error is the one to report)."""
+        try:
+            self.finish(block=True)
+        except HaloError:
+            pass
+
+    def _release(self):
+        self.finished = True
+        self.tensors = ()
+
+
+def start(plan, call: str, *tensors) -> Pending:
+    """Start the asynchronous form of ``call`` (e.g. HALOS_FORWARD) on plan;
+    the returned Pending keeps plan and tensors alive until it finishes."""
+    settle(plan.comm)
+    with plan.comm.lock:
+        rc = getattr(_lib.lib(), call + "_start")(plan.handle, *[t.data_ptr() for t in tensors])
+        if rc:
+            raise _lib.error(rc, call + "_start")
+    return Pending(plan, call, tensors)
+
+
+def settle(comm) -> None:
+    """Finish the exchanges on comm whose handles were dropped unwaited.
+
+    Called before every exchange halocp makes on the communicator, so a
+    dropped handle never leaves its plan busy. Their results are discarded
+    and so are their failures: a failed exchange leaves the communicator
+    failed, and the call that settles reports that itself.
+    """
+    dropped = comm.__dict__.get(_DROPPED)
+    while dropped:
+        dropped.pop(0).finish_quietly()
+
+
+_RUNNING, _FINISHED, _WAITED, _FAILED = "in flight", "finished", "waited", "failed"
+
+
+class Exchange:
+    """A halo exchange in flight, returned by :func:`halocp.cp_halo_exchange_start`,
+    :func:`halocp.halo_exchange_start_` and :func:`halocp.halos_start`.
+
+    ``test()`` progresses it without blocking and says whether it has
+    finished; ``wait()`` finishes it and returns the result (the result's
+    tensors are written only once the exchange has finished successfully).
+    The handle keeps the exchange's tensors alive. ``wait()`` returns the
+    result once: a second call raises ``HaloError(ERR_INVALID_STATE)``; after
+    a failure, ``test()`` and ``wait()`` raise it again.
+
+    A handle dropped before its exchange finished does not leave the plan
+    busy: the next halocp call on the same communicator finishes the
+    exchange (waiting for it as ``wait()`` would) and discards its result.
+    Until then nothing progresses it on this rank, so peers waiting for its
+    data may wait too: wait for what you start.
+    """
+
+    __slots__ = ("_pending", "_result", "_state", "_error")
+
+    def __init__(self, pending: Pending | None, result):
+        # result: a callable returning the result, called once the exchange
+        # has finished successfully (it attaches the autograd graph).
+        self._pending, self._result = pending, result
+        self._state = _RUNNING if pending is not None else _FINISHED
+        self._error = None
+
+    @property
+    def done(self) -> bool:
+        """True once the exchange has finished (successfully or not)."""
+        return self._state != _RUNNING
+
+    def test(self) -> bool:
+        """Progress the exchange; True once it has finished (then ``wait()``
+        returns at once). Never blocks."""
+        self._progress(block=False)
+        return self._state != _RUNNING
+
+    def wait(self):
+        """Finish the exchange (within the communicator's timeout) and
+        return its result."""
+        if self._state == _WAITED:
+            raise HaloError(_lib.ERR_INVALID_STATE, "halocp: wait() was already called on this exchange")
+        self._progress(block=True)
+        result, self._result = self._result(), None
+        self._state = _WAITED
+        return result
+
+    def _progress(self, block: bool) -> None:
+        if self._state == _FAILED:
+            code, msg = self._error
+            raise HaloError(code, f"halocp: this exchange failed earlier: {msg}")
+        if self._state != _RUNNING:
+            return
+        try:
+            done = self._pending.finish(block)
+        except HaloError as e:
+            self._state, self._error, self._pending = _FAILED, (e.code, str(e)), None
+            raise
+        if done:
+            self._state, self._pending = _FINISHED, None
+
+    def __del__(self):
+        # No library call here (a finaliser may run anywhere): hand the
+        # exchange to its communicator, whose next call finishes it.
+        pending = getattr(self, "_pending", None)
+        if pending is not None and not pending.finished:
+            try:
+                pending.plan.comm.__dict__.setdefault(_DROPPED, []).append(pending)
+            except Exception:  # interpreter shutdown
+                pass
+
+    def __repr__(self):
+        return f"<halocp.Exchange {self._state}>"
+
+
+Exchange.__module__ = "halocp"
+
+
+def abort(group=None) -> None:
+    """Abort the group's communicator, from any thread.
+
+    Every exchange in flight on it (blocked in a call, or started and not
+    yet waited for) fails with ``HaloError(ERR_COMM_FAILED)`` within
+    milliseconds, and so does every later exchange; peers see this rank as
+    failed. Then call :func:`halocp.destroy_communicator` (on every rank):
+    the next exchange makes a new communicator, collectively. Idempotent;
+    does nothing if the group has no communicator (yet, or any more).
+    """
+    comm = _comms.get(resolve_group(group))
+    if comm is None:
+        return
+    # Not under comm.lock: the thread blocked in the exchange holds it.
+    handle = comm.handle
+    if handle is None or comm.closed:
+        return
+    rc = _lib.lib().halo_comm_abort(handle)
+    if rc and not (rc == _lib.ERR_INVALID_HANDLE and comm.closed):  # destroyed meanwhile: nothing to abort
+        raise _lib.error(rc, "halo_comm_abort")
