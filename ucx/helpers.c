@@ -375,9 +375,11 @@ static void hux_op_finish(hux_batch_t *b, hux_op_t *op, ucs_status_t status)
 /*
  * Posts every operation: receives first (so that no message of this batch
  * arrives unexpected because of our own ordering), then sends. An operation
- * that cannot start gets its status now and is reported by Wait.
+ * that cannot start gets its status now and is reported by Wait. Returns -1,
+ * posting nothing, once the transport is aborted (checked here rather than
+ * in a cgo call of its own: one crossing per post).
  */
-void hux_batch_post(hux_batch_t *b)
+int hux_batch_post(hux_batch_t *b)
 {
     const uintptr_t *bases = b->bases;
     hux_transport_t *t     = b->tr;
@@ -389,6 +391,9 @@ void hux_batch_post(hux_batch_t *b)
     size_t count;
     int i, s;
 
+    if (hux_transport_aborted(t)) {
+        return -1;
+    }
     b->pending = 0;
     b->first   = 0;
     for (i = 0; i < b->nops; ++i) {
@@ -443,6 +448,7 @@ void hux_batch_post(hux_batch_t *b)
             ++b->pending;
         }
     }
+    return 0;
 }
 
 /* Collects completed requests; cancels receives whose peer has failed. */

@@ -177,16 +177,15 @@ func (b *Batch) Post(bases []uintptr) error {
 	if b.c.zombie != 0 {
 		return errZombie
 	}
-	if C.hux_transport_aborted(t.c) != 0 {
-		return ErrAborted
-	}
 	if len(bases) < len(b.bases) {
 		return fmt.Errorf("ucx: post: %d bases for a batch that uses %d", len(bases), len(b.bases))
 	}
 	for i := range b.bases {
 		b.bases[i] = C.uintptr_t(bases[i])
 	}
-	C.hux_batch_post(b.c)
+	if C.hux_batch_post(b.c) != 0 {
+		return ErrAborted
+	}
 	b.posted = true
 	return nil
 }
