@@ -139,7 +139,9 @@ class _ContextParallelConv(torch.autograd.Function):
 
         if not (need_x or need_w):
             return None, None, grad_b, None
-        grad_in = grad.narrow(2, L, n - c)  # the gradient of the output frames that read x alone
+        # The gradient of the output frames that read x alone. Contiguous once
+        # here: torch's CPU convolutions would copy it in each of the two calls.
+        grad_in = grad.narrow(2, L, n - c).contiguous()
         grad_win, grad_w_win, _ = cfg.conv_backward(_to_windows(grad, L, R), _windows(lh, x, rh, L, R), weight,
                                                     (need_x, need_w, False))
         pending = None
