@@ -122,6 +122,8 @@ class _ContextParallelConv(torch.autograd.Function):
         grad_x = grad_w = grad_b = None
         if need_b:
             grad_b = grad.sum((0, 2, 3, 4))
+        if not (need_x or need_w):  # no input gradient: no exchange, on every rank alike
+            return None, None, grad_b, None
         if not ctx.fused:
             padded = torch.cat([lh, x, rh], 2)
             if n:
@@ -137,8 +139,6 @@ class _ContextParallelConv(torch.autograd.Function):
                               grad_p.narrow(2, L + n, R).contiguous(), grad_x)
             return grad_x, grad_w, grad_b, None
 
-        if not (need_x or need_w):
-            return None, None, grad_b, None
         # The gradient of the output frames that read x alone. Contiguous once
         # here: torch's CPU convolutions would copy it in each of the two calls.
         grad_in = grad.narrow(2, L, n - c).contiguous()
