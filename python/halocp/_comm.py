@@ -9,7 +9,6 @@ import re
 import threading
 import time
 from collections import OrderedDict
-from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -134,29 +133,37 @@ class _Exchange:
 
     def gather(self, step: str, value: bytes) -> list:
         keys = [f"{self.prefix}/{step}/{r}" for r in range(self.world)]
-        self.store.set(keys[self.rank], value)
+        # Arrival marks are counters: add(mark, 0) reads one without blocking
+        # (and makes a missing one 0). A store.wait that times out is avoided
+        # on purpose: torch's TCPStore client can then answer later calls
+        # with the stale reply, and every rank would look absent.
+        marks = [f"{self.prefix}/{step}/here/{r}" for r in range(self.world)]
         start = time.monotonic()
+        missing = None  # as of the last look that succeeded
         try:
-            self.store.wait(keys, timedelta(seconds=self.timeout))
-        except Exception as e:  # noqa: BLE001 - torch says "timeout" in several ways
-            missing = [r for r, k in enumerate(keys) if not self._has(k)]
+            self.store.set(keys[self.rank], value)
+            self.store.add(marks[self.rank], 1)
+            missing, pause = [r for r in range(self.world) if r != self.rank], 0.0005
+            while True:
+                missing = [r for r in missing if self.store.add(marks[r], 0) == 0]
+                if not missing or time.monotonic() - start >= self.timeout:
+                    break
+                time.sleep(pause)
+                pause = min(2 * pause, 0.05)
+            if not missing:
+                return [self.store.get(k) for k in keys]
+            why = ""
+        except Exception as e:  # noqa: BLE001 - the store's own failures
             if not missing:
                 raise HaloError(_lib.ERR_RENDEZVOUS, f"halocp: rank {self.rank}: the process group's store failed: {e}") from e
-            raise HaloError(
-                _lib.ERR_RENDEZVOUS,
-                f"halocp: rank {self.rank}: {_rank_list(missing)} of {self.world} did not take part in making the "
-                f"group's communicator within {time.monotonic() - start:.0f}s ({_BOOTSTRAP_TIMEOUT_VAR}): every rank "
-                f"of the group must make its first halo exchange on it, in the same order",
-            ) from None
-        return [self.store.get(k) for k in keys]
-
-    def _has(self, key: str) -> bool:
-        # Store.check is newer than torch 1.13; a short wait tells as much.
-        try:
-            self.store.wait([key], timedelta(milliseconds=10))
-            return True
-        except Exception:  # noqa: BLE001
-            return False
+            # A rank that gave up first may have taken the store down with it.
+            why = f" (then the process group's store failed: {e})"
+        raise HaloError(
+            _lib.ERR_RENDEZVOUS,
+            f"halocp: rank {self.rank}: {_rank_list(missing)} of {self.world} did not take part in making the "
+            f"group's communicator within {time.monotonic() - start:.0f}s ({_BOOTSTRAP_TIMEOUT_VAR}): every rank "
+            f"of the group must make its first halo exchange on it, in the same order{why}",
+        )
 
 
 class Communicator:
