@@ -251,10 +251,9 @@ def report(everyone, args, padded_bytes):
               f"{' (' + ', '.join(big) + ')' if big else ''} | {mib(saved):.2f} |")
     diff = max(e["diff"] for e in everyone)
     print(f"# halocp vs torch-p2p: outputs and gradients differ by at most {diff:.1e} of their largest magnitude")
-    verdict = "met" if ms["halocp"] <= 1.05 * floor else "NOT met"
-    print(f"# target: halocp within 5% of the faster floor: {ms['halocp'] / floor - 1:+.1%} ({verdict}); "
-          f"no allocation of the padded input's size: "
-          f"{'met' if not any(e['memory']['halocp']['big'] for e in everyone) else 'NOT met'}")
+    big = sum(len(e["memory"]["halocp"]["big"]) for e in everyone)
+    print(f"# halocp against the faster floor: {ms['halocp'] / floor - 1:+.1%}; "
+          f"halocp's allocations of the padded input's size, all ranks: {big}")
 
 
 def launch(args) -> int:
