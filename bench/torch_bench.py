@@ -24,14 +24,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+import ranks  # bench/ranks.py, beside this script
+
 
 # Halo of one side = C * H * W * 4 bytes (one float32 time slice).
 SHAPES = {2 << 10: (8, 8, 8), 2 << 20: (128, 64, 64)}
@@ -211,25 +210,7 @@ def print_table(rows, args, world):
 
 
 def launch(args) -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(args.world))
-    env.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / "python"), env.get("PYTHONPATH")]))
-    procs = [subprocess.Popen([sys.executable, __file__, *sys.argv[1:]], env=dict(env, RANK=str(r)),
-                              stdout=None if r == 0 else subprocess.DEVNULL) for r in range(args.world)]
-    try:
-        codes = [p.wait(timeout=args.deadline) for p in procs]
-    except subprocess.TimeoutExpired:
-        codes = [1]
-        print(f"benchmark: ranks still running after {args.deadline} s; stopping them", file=sys.stderr)
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    return max(codes)
+    return ranks.launch(__file__, args.world, args.deadline)
 
 
 def main() -> int:

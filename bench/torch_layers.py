@@ -49,14 +49,12 @@ import argparse
 import ctypes
 import os
 import resource
-import socket
 import statistics
-import subprocess
 import sys
 import time
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+import ranks  # bench/ranks.py, beside this script
+
 SMALL, ISSUE = (1, 16, 8, 32, 32), (1, 64, 16, 64, 64)
 KEEP_FREED_MEMORY = "glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=4294967296"
 K = 3  # temporal kernel: the left halo is K - 1 frames
@@ -257,27 +255,10 @@ def report(everyone, args, padded_bytes):
 
 
 def launch(args) -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(args.world))
-    env.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / "python"), env.get("PYTHONPATH")]))
+    env = {}
     if not args.system_malloc:
-        env["GLIBC_TUNABLES"] = ":".join(filter(None, [env.get("GLIBC_TUNABLES"), KEEP_FREED_MEMORY]))
-    procs = [subprocess.Popen([sys.executable, __file__, *sys.argv[1:]], env=dict(env, RANK=str(r)),
-                              stdout=None if r == 0 else subprocess.DEVNULL) for r in range(args.world)]
-    try:
-        codes = [p.wait(timeout=args.deadline) for p in procs]
-    except subprocess.TimeoutExpired:
-        codes = [1]
-        print(f"benchmark: ranks still running after {args.deadline} s; stopping them", file=sys.stderr)
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    return max(codes)
+        env["GLIBC_TUNABLES"] = ":".join(filter(None, [os.environ.get("GLIBC_TUNABLES"), KEEP_FREED_MEMORY]))
+    return ranks.launch(__file__, args.world, args.deadline, env)
 
 
 def main() -> int:

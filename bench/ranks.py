@@ -1,0 +1,38 @@
+"""Starts the ranks of a bench/ script on this machine: the script runs
+itself once per rank with torch.distributed's environment (gloo over
+loopback), rank 0's output shown, and every rank ended by its deadline."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def launch(script: str, world: int, deadline: float, env_extra: dict | None = None) -> int:
+    """Runs `script` with this process's arguments as `world` ranks; returns
+    the worst exit status (1 if a rank outlived `deadline` seconds)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world))
+    env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO / "python"), env.get("PYTHONPATH")]))
+    env.update(env_extra or {})
+    procs = [subprocess.Popen([sys.executable, script, *sys.argv[1:]], env=dict(env, RANK=str(r)),
+                              stdout=None if r == 0 else subprocess.DEVNULL) for r in range(world)]
+    try:
+        codes = [p.wait(timeout=deadline) for p in procs]
+    except subprocess.TimeoutExpired:
+        codes = [1]
+        print(f"benchmark: ranks still running after {deadline} s; stopping them", file=sys.stderr)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    return max(codes)
