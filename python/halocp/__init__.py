@@ -33,6 +33,7 @@ from ._lib import (
 )
 from ._inflight import Exchange, abort
 from .exchange import cp_halo_exchange, cp_halo_exchange_start, halo_exchange_, halo_exchange_start_, halos, halos_start
+from .tiles import TileGrid, tile_halo_exchange
 from . import nn
 
 # include/halo.h's version (the source); pyproject.toml reads this line and

@@ -15,12 +15,55 @@ from ._inflight import Exchange
 from ._lib import HaloError
 
 
+# ------------------------------------------------------------ memory formats
+# Outputs and gradients keep their input's memory format (channels_last,
+# channels_last_3d, any dense permutation): they are allocated in the
+# input's dim order and the plan is told their strides, so the library
+# writes them in place, with no conversion copy.
+
+
+def dim_order(t: Tensor) -> tuple:
+    """t's dims from outermost to innermost in memory when t is dense (its
+    elements fill one block, as a contiguous tensor's do, up to a permutation
+    of the dims: channels_last, a transposed copy); the contiguous order
+    otherwise (a sliced or expanded view), as ``torch.empty_like`` does."""
+    shape, strides = t.shape, t.stride()
+    # torch strides the dims outside an empty one 0: they are outermost. A
+    # dim of size 1 ties with its inner neighbour: it goes inside it, where
+    # torch's formulas for a memory format put it. Other ties keep dim order.
+    outer = float("inf") if t.numel() == 0 else 0
+    order = tuple(sorted(range(t.dim()), key=lambda d: (-(strides[d] or outer), shape[d] == 1)))
+    expected = 1
+    for d in reversed(order):
+        if shape[d] != 1 and strides[d] != expected and not (outer and strides[d] == 0):
+            return tuple(range(t.dim()))
+        expected *= max(shape[d], 1)
+    return order
+
+
+def strides_in_order(shape, order) -> tuple:
+    """The strides of a dense tensor of shape whose dims lie in memory in order."""
+    strides, acc = [0] * len(shape), 1
+    for d in reversed(order):
+        strides[d] = acc
+        acc *= shape[d]
+    return tuple(strides)
+
+
 def _contiguous_strides(shape) -> tuple:
-    strides, acc = [], 1
-    for n in reversed(shape):
-        strides.append(acc)
-        acc *= n
-    return tuple(reversed(strides))
+    return strides_in_order(shape, range(len(shape)))
+
+
+def empty_in_order(shape, order, dtype) -> Tensor:
+    return torch.empty_strided(tuple(shape), strides_in_order(shape, order), dtype=dtype)
+
+
+def in_strides(t: Tensor, strides) -> Tensor:
+    """t itself if its memory is laid out by strides (size-1 dims aside),
+    else a copy that is: the layout a plan was made for."""
+    if all(n == 1 or a == b for n, a, b in zip(t.shape, t.stride(), strides)):
+        return t
+    return torch.empty_strided(t.shape, strides, dtype=t.dtype).copy_(t)
 
 
 def _check(x, left, right, dim, what: str):
@@ -47,8 +90,8 @@ def _check(x, left, right, dim, what: str):
 
 
 def _params(dtype, shape, dim, left, right, x_strides, out_strides, grad_strides):
-    """halo_plan_params_t for shard shape; grad_out and grad_x are contiguous
-    buffers of the padded shape (grad_strides) or of the shard's shape."""
+    """halo_plan_params_t for shard shape; grad_strides: those of grad_out
+    and grad_x, or None."""
     p = _lib.PlanParams()
     p.dtype = halo_dtype(dtype)
     p.ndim = len(shape)
@@ -78,12 +121,14 @@ def _padded_shape(shape, dim, extra):
 
 
 def _plan_out_of_place(x: Tensor, left, right, dim, group):
+    """The plan of x's layout; out, grad_out and grad_x are dense in x's dim
+    order."""
     shape, strides = tuple(x.shape), x.stride()
+    order = dim_order(x)
 
     def params():
-        out_shape = _padded_shape(shape, dim, left + right)
-        return _params(x.dtype, shape, dim, left, right, strides, None,
-                       (_contiguous_strides(out_shape), _contiguous_strides(shape)))
+        out = strides_in_order(_padded_shape(shape, dim, left + right), order)
+        return _params(x.dtype, shape, dim, left, right, strides, out, (out, strides_in_order(shape, order)))
 
     return _lookup(group, ("copy", x.dtype, dim, left, right, shape, strides), params)
 
@@ -100,7 +145,7 @@ def _exchange(x, left, right, dim, group):
     if x.is_neg():  # a lazily negated view: its memory holds -x
         x = x.resolve_neg()
     plan = _plan_out_of_place(x, left, right, dim, group)
-    out = torch.empty(_padded_shape(x.shape, dim, left + right), dtype=x.dtype)
+    out = empty_in_order(_padded_shape(x.shape, dim, left + right), dim_order(x), x.dtype)
     plan.forward(x.data_ptr(), out.data_ptr())
     return out, plan
 
@@ -109,13 +154,14 @@ class _HaloExchange(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, left, right, dim, group):
         out, ctx.plan = _exchange(x, left, right, dim, group)
-        ctx.shape, ctx.dtype = x.shape, x.dtype
+        ctx.shape, ctx.dtype, ctx.order = x.shape, x.dtype, dim_order(x)
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        grad_out = grad_out.contiguous()  # the plan's layout; a no-op for the usual gradient
-        grad_x = torch.empty(ctx.shape, dtype=ctx.dtype)
+        order = ctx.order
+        grad_out = in_strides(grad_out, strides_in_order(grad_out.shape, order))  # the usual gradient already is
+        grad_x = empty_in_order(ctx.shape, order, ctx.dtype)
         _inflight.settle(ctx.plan.comm)
         ctx.plan.backward(grad_out.data_ptr(), grad_x.data_ptr())
         return grad_x, None, None, None, None
@@ -136,8 +182,12 @@ def cp_halo_exchange(x: Tensor, left_size: int, right_size: int, dim: int, group
 
     Collective: every rank of the group calls it, in the same order as its
     other exchanges. ``x`` is a CPU tensor of float32, float64, float16 or
-    bfloat16, with any strides. ``left_size == right_size == 0`` returns
-    ``x`` itself. Failures raise :class:`halocp.HaloError`.
+    bfloat16, with any strides. The output, and the gradient of ``x``, keep
+    x's memory format (``channels_last``, ``channels_last_3d`` or any dense
+    permutation of dims; contiguous for a sliced or expanded view), written
+    in place by the library with no conversion copy.
+    ``left_size == right_size == 0`` returns ``x`` itself. Failures raise
+    :class:`halocp.HaloError`.
     """
     left, right, dim = _check(x, left_size, right_size, dim, "x")
     if left == 0 and right == 0:
@@ -158,11 +208,11 @@ def _plan_in_place(padded: Tensor, left, right, dim, group):
                 f"halocp: padded has {pshape[dim]} slices along dim {dim}, fewer than its halos ({left} + {right})",
             )
         shape = _padded_shape(pshape, dim, max(n, 0) - pshape[dim])
-        cs = _contiguous_strides(pshape)
         # x is padded's interior, with padded's strides: the library sees the
         # alias and leaves the shard where it is.
-        return _params(padded.dtype, shape, dim, left, right, pstrides, pstrides, (cs, cs))
+        return _params(padded.dtype, shape, dim, left, right, pstrides, pstrides, (grad, grad))
 
+    grad = strides_in_order(pshape, dim_order(padded))  # grad_out's and grad_x's
     return _lookup(group, ("inplace", padded.dtype, dim, left, right, pshape, pstrides), params)
 
 
@@ -174,13 +224,15 @@ class _HaloExchangeInPlace(torch.autograd.Function):
         plan.forward(interior, padded.data_ptr())
         ctx.mark_dirty(padded)
         ctx.plan, ctx.left, ctx.right, ctx.dim = plan, left, right, dim
+        ctx.grad_strides = strides_in_order(padded.shape, dim_order(padded))
         return padded
 
     @staticmethod
     def backward(ctx, grad_out):
         left, right, dim = ctx.left, ctx.right, ctx.dim
-        grad_out = grad_out.contiguous()
-        grad = torch.empty(grad_out.shape, dtype=grad_out.dtype)
+        strides = ctx.grad_strides
+        grad_out = in_strides(grad_out, strides)
+        grad = torch.empty_strided(grad_out.shape, strides, dtype=grad_out.dtype)
         n = grad.shape[dim] - left - right
         interior = grad.data_ptr() + left * grad.stride(dim) * grad.element_size()
         _inflight.settle(ctx.plan.comm)
@@ -200,7 +252,8 @@ def halo_exchange_(padded: Tensor, left_size: int, right_size: int, dim: int, gr
     the halos exactly as :func:`cp_halo_exchange` would, without copying the
     shard. Differentiable: the gradient of the interior gets the halo
     gradients added, the halo slots get none (they were overwritten).
-    ``padded`` may have any non-overlapping strides.
+    ``padded`` may have any non-overlapping strides; its gradient has
+    padded's memory format.
     """
     left, right, dim = _check(padded, left_size, right_size, dim, "padded")
     if left == 0 and right == 0:
@@ -226,7 +279,7 @@ class _HaloExchangeDone(_HaloExchange):
         # done = (out, plan): out travels outside the tensor arguments so that
         # it becomes the node's output itself, not a view of an input.
         out, ctx.plan = done
-        ctx.shape, ctx.dtype = x.shape, x.dtype
+        ctx.shape, ctx.dtype, ctx.order = x.shape, x.dtype, dim_order(x)
         return out
 
     @staticmethod
@@ -239,6 +292,7 @@ class _HaloExchangeInPlaceDone(_HaloExchangeInPlace):
     def forward(ctx, padded, plan, left, right, dim):
         ctx.mark_dirty(padded)
         ctx.plan, ctx.left, ctx.right, ctx.dim = plan, left, right, dim
+        ctx.grad_strides = strides_in_order(padded.shape, dim_order(padded))
         return padded
 
 
@@ -267,7 +321,7 @@ def cp_halo_exchange_start(x: Tensor, left_size: int, right_size: int, dim: int,
     if x.is_neg():
         x = x.resolve_neg()
     plan = _plan_out_of_place(x, left, right, dim, group)
-    out = torch.empty(_padded_shape(x.shape, dim, left + right), dtype=x.dtype)
+    out = empty_in_order(_padded_shape(x.shape, dim, left + right), dim_order(x), x.dtype)
     pending = _inflight.start(plan, _inflight.FORWARD, x, out)
     if not _recording(x):
         return Exchange(pending, lambda: out)
@@ -329,15 +383,15 @@ def _halo_shape(shape, dim, k) -> tuple:
 def plan_halos(x: Tensor, left, right, dim, group, grad_strides=None):
     """The halos-only plan of x's layout (made collectively on a miss).
 
-    The halos are contiguous tensors of their own; ``grad_strides`` are the
-    strides of (grad_left, grad_right, grad_x) in the backward, contiguous
-    ones of the halos' and x's shapes by default.
+    The halos are dense tensors of their own in x's dim order; ``grad_strides``
+    are the strides of (grad_left, grad_right, grad_x) in the backward, by
+    default those of dense tensors of the halos' and x's shapes in that order.
     """
-    shape, strides = tuple(x.shape), x.stride()
+    shape, strides, order = tuple(x.shape), x.stride(), dim_order(x)
     lshape, rshape = _halo_shape(shape, dim, left), _halo_shape(shape, dim, right)
-    halo_strides = (_contiguous_strides(lshape), _contiguous_strides(rshape))
+    halo_strides = (strides_in_order(lshape, order), strides_in_order(rshape, order))
     if grad_strides is None:
-        grad_strides = halo_strides + (_contiguous_strides(shape),)
+        grad_strides = halo_strides + (strides_in_order(shape, order),)
 
     def params():
         p = _params(x.dtype, shape, dim, left, right, strides, None, None)
@@ -354,8 +408,9 @@ def plan_halos(x: Tensor, left, right, dim, group, grad_strides=None):
 
 
 def _empty_halos(x: Tensor, left, right, dim):
-    return (torch.empty(_halo_shape(x.shape, dim, left), dtype=x.dtype),
-            torch.empty(_halo_shape(x.shape, dim, right), dtype=x.dtype))
+    order = dim_order(x)
+    return (empty_in_order(_halo_shape(x.shape, dim, left), order, x.dtype),
+            empty_in_order(_halo_shape(x.shape, dim, right), order, x.dtype))
 
 
 class _Halos(torch.autograd.Function):
@@ -364,7 +419,7 @@ class _Halos(torch.autograd.Function):
         plan = plan_halos(x, left, right, dim, group)
         lh, rh = _empty_halos(x, left, right, dim)
         _inflight.run(plan, _inflight.HALOS_FORWARD, x, lh, rh)
-        ctx.plan, ctx.shape, ctx.dtype = plan, x.shape, x.dtype
+        ctx.plan, ctx.shape, ctx.dtype, ctx.order = plan, x.shape, x.dtype, dim_order(x)
         return lh, rh
 
     @staticmethod
@@ -372,8 +427,10 @@ class _Halos(torch.autograd.Function):
         # Autograd asks for a gradient of all of x, so there is one of x's
         # size: zeros, into which the library adds the neighbours' part.
         # (The nn layers add it into the convolution's own input gradient.)
-        grad_x = torch.zeros(ctx.shape, dtype=ctx.dtype)
-        _inflight.run(ctx.plan, _inflight.HALOS_BACKWARD, grad_left.contiguous(), grad_right.contiguous(), grad_x)
+        order = ctx.order
+        grad_x = empty_in_order(ctx.shape, order, ctx.dtype).zero_()
+        grad_left, grad_right = (in_strides(g, strides_in_order(g.shape, order)) for g in (grad_left, grad_right))
+        _inflight.run(ctx.plan, _inflight.HALOS_BACKWARD, grad_left, grad_right, grad_x)
         return grad_x, None, None, None, None
 
 
@@ -381,7 +438,7 @@ class _HalosDone(_Halos):
     @staticmethod
     def forward(ctx, x, done):
         lh, rh, ctx.plan = done  # (see _HaloExchangeDone)
-        ctx.shape, ctx.dtype = x.shape, x.dtype
+        ctx.shape, ctx.dtype, ctx.order = x.shape, x.dtype, dim_order(x)
         return lh, rh
 
     @staticmethod
@@ -392,8 +449,8 @@ class _HalosDone(_Halos):
 def halos(x: Tensor, left_size: int, right_size: int, dim: int, group=None) -> tuple[Tensor, Tensor]:
     """Return ``(left_halo, right_halo)``: the ``left_size`` slices before
     this rank's shard ``x`` in the global sequence and the ``right_size``
-    slices after it (zeros beyond the ends), each a new contiguous tensor of
-    x's shape with that many slices along ``dim``.
+    slices after it (zeros beyond the ends), each a new tensor of x's shape
+    with that many slices along ``dim``, in x's memory format.
 
     The halos of :func:`cp_halo_exchange` without the padded tensor (no copy
     of the shard), bit for bit. Differentiable: the backward sends the halo

@@ -17,9 +17,11 @@ import torch.nn.functional as F
 
 from . import _inflight, _lib
 from ._lib import HaloError
-from .exchange import _contiguous_strides, _empty_halos, plan_halos
+from .exchange import (_contiguous_strides, _empty_halos, cp_halo_exchange, dim_order, empty_in_order, halos,
+                       in_strides, plan_halos, strides_in_order)
+from .tiles import TileGrid
 
-__all__ = ["CausalConv3d", "CenteredConv3d"]
+__all__ = ["CausalConv3d", "CenteredConv3d", "TiledConv2d", "TiledConv3d"]
 
 
 def _pair(v, name):
@@ -102,8 +104,10 @@ class _ContextParallelConv(torch.autograd.Function):
             pending.finish(block=True)
         if fused:
             y_left, y_right = _from_windows(cfg.conv(_windows(lh, x, rh, L, R), weight, bias), L, R)
-            # The one full-size copy: conv3d cannot write into a given tensor.
-            y = torch.cat([y_left, y_in, y_right], 2)
+            # The one full-size copy (conv3d cannot write into a given
+            # tensor), in the layout torch's convolution gave y_in.
+            y = empty_in_order(_padded_frames(y_in, n), dim_order(y_in), y_in.dtype)
+            torch.cat([y_left, y_in, y_right], 2, out=y)
         elif n:
             y = cfg.conv(torch.cat([lh, x, rh], 2), weight, bias)
         else:  # an empty shard: no output frames, but its halos still travel
@@ -132,11 +136,14 @@ class _ContextParallelConv(torch.autograd.Function):
                 grad_p = torch.zeros_like(padded) if need_x else None
                 grad_w = torch.zeros_like(weight) if need_w else None
             if need_x:
-                # Separate tensors: the library refuses interleaved views of one buffer.
-                grad_x = grad_p.narrow(2, L, n).contiguous()
+                # Separate tensors, in the plan's layouts: the library refuses
+                # interleaved views of one buffer.
+                order = dim_order(x)
+                grad_x, grad_left, grad_right = (
+                    empty_in_order(t.shape, order, t.dtype).copy_(t)
+                    for t in (grad_p.narrow(2, L, n), grad_p.narrow(2, 0, L), grad_p.narrow(2, L + n, R)))
             if need_x and plan:
-                _inflight.run(plan, _inflight.HALOS_BACKWARD, grad_p.narrow(2, 0, L).contiguous(),
-                              grad_p.narrow(2, L + n, R).contiguous(), grad_x)
+                _inflight.run(plan, _inflight.HALOS_BACKWARD, grad_left, grad_right, grad_x)
             return grad_x, grad_w, grad_b, None
 
         # The gradient of the output frames that read x alone. Contiguous once
@@ -147,8 +154,7 @@ class _ContextParallelConv(torch.autograd.Function):
         pending = None
         if need_x:
             grad_x = cfg.conv_backward(grad_in, x, weight, (True, False, False))[0]
-            if not grad_x.is_contiguous():  # the plan's layout (x channels-last, say)
-                grad_x = grad_x.contiguous()
+            grad_x = in_strides(grad_x, strides_in_order(x.shape, dim_order(x)))  # the plan's: x's memory format
             # The windows' input gradients, summed into the two slabs
             # [left halo | x[:c]] and [x[n-c:] | right halo]: the halo
             # gradients, and the rest of the gradient of x's first and last c frames.
@@ -241,43 +247,180 @@ def _plan(x, cfg, fused):
     if fused:
         c = L + R
         grad_strides = (_contiguous_strides(_padded_frames(x, L + c)), _contiguous_strides(_padded_frames(x, c + R)),
-                        _contiguous_strides(x.shape))
+                        strides_in_order(x.shape, dim_order(x)))
     return plan_halos(x, L, R, 2, cfg.group, grad_strides)
+
+
+# ------------------------------------------------ strided, padded, tiled
+# The general path: any stride, dilation and padding_mode, any set of
+# sharded dims (a time axis over a group, H x W tiles over a grid). The
+# input is padded with its halos by one out-of-place exchange per sharded
+# dim (halocp.tile_halo_exchange's recipe), then convolved with torch's
+# convolution; autograd runs the exchanges' backwards.
+#
+# Along a sharded dim with padding (pl, pr), stride s and kernel extent
+# e = d(K-1), global output j reads inputs j*s - pl .. j*s - pl + e.
+# Output j belongs to the rank whose shard holds input j*s (the last rank
+# also takes any outputs past the end), so a rank with shard [a, a + n)
+# computes outputs ceil(a/s) .. ceil((a+n)/s) - 1, and its first window
+# starts (-a) mod s slices into [left halo | shard | right halo]. Halos of
+# pl and max(e - pl, pr) are enough for every rank: the same sizes on all
+# of them, as the exchange wants; what depends on a rank's offset (its
+# phase and output count) is computed from a table of every rank's shard
+# length, itself exchanged (see _ShardTable).
+
+
+class _ShardTable:
+    """Every rank's shard length along a sharded dim, with the layer's
+    convolution along it: one halos-only exchange of one row per rank, whose
+    halos reach every other rank. Every rank sees the same table, so a
+    disagreement raises the same error on all of them."""
+
+    COLUMNS = ("length", "kernel", "stride", "dilation", "left padding", "right padding")
+
+    @staticmethod
+    def rows(group, row):
+        world = dist.get_world_size(group)
+        mine = torch.tensor([row], dtype=torch.float64)
+        if world == 1:
+            return mine
+        before, after = halos(mine, world - 1, world - 1, 0, group)
+        rank = dist.get_rank(group)
+        return torch.cat([before[world - 1 - rank:], mine, after[:world - 1 - rank]])
+
+
+def _outputs(stride, e, pl, pr, lengths, rank):
+    """(phase, count) of rank's outputs along a dim split in lengths."""
+    a, total = sum(lengths[:rank]), sum(lengths)
+    outputs = (total + pl + pr - e - 1) // stride + 1 if total + pl + pr > e else 0
+    first = min(-(-a // stride), outputs)
+    last = outputs if rank == len(lengths) - 1 else min(-(-(a + lengths[rank]) // stride), outputs)
+    return first * stride - a, max(last - first, 0)
+
+
+class _NoOutput(torch.autograd.Function):
+    """An empty output that keeps the graph: its backward still runs this
+    rank's part of the exchanges' backwards, which its peers wait for."""
+
+    @staticmethod
+    def forward(ctx, padded, weight, bias, shape):
+        ctx.save_for_backward(padded, weight, bias)
+        return padded.new_empty(shape)
+
+    @staticmethod
+    def backward(ctx, grad):
+        padded, weight, bias = ctx.saved_tensors
+        return (torch.zeros_like(padded), torch.zeros_like(weight),
+                None if bias is None else torch.zeros_like(bias), None)
+
+
+_CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
+
+
+def _sharded_conv(layer, x, pads, sharded):
+    """layer's convolution of shard x: pads is (left, right) padding per
+    spatial dim, sharded maps a spatial dim to the group it is sharded over
+    (the others are local, padded here)."""
+    nsp = x.dim() - 2
+    mode = layer.padding_mode
+    local = [pads[i] if i not in sharded else (0, 0) for i in range(nsp)]
+    conv_padding = [0] * nsp
+    if mode == "zeros" and all(l == r for l, r in local):
+        conv_padding = [l for l, _ in local]
+    elif any(l or r for l, r in local):
+        x = F.pad(x, [p for l, r in reversed(local) for p in (l, r)], "constant" if mode == "zeros" else mode)
+    windows, out_shape = [], [x.shape[0], layer.out_channels]
+    for i in range(nsp):
+        k, s, dil = layer.kernel_size[i], layer.stride[i], layer.dilation[i]
+        e = dil * (k - 1)
+        if i not in sharded:
+            out_shape.append(max((x.shape[2 + i] + 2 * conv_padding[i] - e - 1) // s + 1, 0))
+            continue
+        pl, pr = pads[i]
+        group, n = sharded[i], x.shape[2 + i]
+        if s == 1 and pl + pr == e:  # as many outputs as inputs
+            phase, count = 0, n
+        else:
+            table = _ShardTable.rows(group, [n, k, s, dil, pl, pr])
+            _agree(layer, table, 2 + i)
+            lengths = [int(v) for v in table[:, 0].tolist()]
+            phase, count = _outputs(s, e, pl, pr, lengths, dist.get_rank(group))
+        windows.append((2 + i, group, pl, max(e - pl, pr, 0), phase, (count - 1) * s + e + 1 if count else 0))
+        out_shape.append(count)
+    mode_kw = {} if mode == "zeros" else {"padding_mode": mode}
+    for dim, group, left, right, _, _ in windows:
+        x = cp_halo_exchange(x, left, right, dim, group, **mode_kw)
+    if 0 in out_shape:
+        return _NoOutput.apply(x, layer.weight, layer.bias, out_shape)
+    for dim, _, _, _, phase, length in windows:
+        x = x.narrow(dim, phase, length)
+    return _CONV[nsp](x, layer.weight, layer.bias, layer.stride, conv_padding, layer.dilation, layer.groups)
+
+
+def _agree(layer, table, dim):
+    rows = table[:, 1:]
+    bad = [r for r in range(len(rows)) if not torch.equal(rows[r], rows[0])]
+    if bad:
+        have = "; ".join(f"rank {r}: " + ", ".join(f"{c} {int(v)}" for c, v in zip(_ShardTable.COLUMNS[1:], rows[r].tolist()))
+                         for r in [0] + bad)
+        raise HaloError(_lib.ERR_MISMATCH,
+                        f"halocp.nn: {type(layer).__name__}: the ranks sharing dim {dim} disagree on the "
+                        f"convolution along it ({have})")
+
+
+def _check_input(layer, x, nsp):
+    names = {2: "(N, C, H, W)", 3: "(N, C, T, H, W)"}[nsp]
+    if not isinstance(x, torch.Tensor) or x.dim() not in (nsp + 1, nsp + 2) or x.shape[-nsp - 1] != layer.in_channels:
+        what = f"shape {tuple(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__
+        raise HaloError(_lib.ERR_INVALID_ARGUMENT,
+                        f"halocp.nn: {type(layer).__name__} wants {names} input with C = {layer.in_channels} "
+                        f"(or unbatched), not {what}")
+
+
+def _distributed(group) -> bool:
+    return group is not None or (dist.is_available() and dist.is_initialized())
 
 
 class _ContextParallelConv3d(torch.nn.Conv3d):
     def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, groups=1,
-                 bias=True, device=None, dtype=None, *, group=None):
-        sh, sw = _pair(stride, "stride")
+                 bias=True, padding_mode="zeros", device=None, dtype=None, *, group=None):
+        st, sh, sw = _temporal_and_spatial(stride, "stride", 1)
         ph, pw = _pair(padding, "padding")
-        super().__init__(in_channels, out_channels, kernel_size, stride=(1, sh, sw), padding=(0, ph, pw),
-                         dilation=dilation, groups=groups, bias=bias, device=device, dtype=dtype)
+        super().__init__(in_channels, out_channels, kernel_size, stride=(st, sh, sw), padding=(0, ph, pw),
+                         dilation=dilation, groups=groups, bias=bias, padding_mode=padding_mode, device=device,
+                         dtype=dtype)
         self.group = group
         self.left, self.right = self._halo(self.dilation[0] * (self.kernel_size[0] - 1))
 
     def _halo(self, context: int) -> tuple[int, int]:
         raise NotImplementedError
 
+    def _pads(self):
+        return [(self.left, self.right)] + [(p, p) for p in self.padding[1:]]
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         halo = self.left or self.right
-        if not (self.group is not None or (dist.is_available() and dist.is_initialized())):
-            if halo:  # one process holds the whole sequence
-                x = F.pad(x, (0, 0, 0, 0, self.left, self.right))
-            return F.conv3d(x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
-        if not isinstance(x, torch.Tensor) or x.dim() not in (4, 5) or x.shape[-4] != self.in_channels:
-            what = f"shape {tuple(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__
-            raise HaloError(_lib.ERR_INVALID_ARGUMENT,
-                            f"halocp.nn: {type(self).__name__} wants (N, {self.in_channels}, T, H, W) or "
-                            f"({self.in_channels}, T, H, W) input, not {what}")
+        if not _distributed(self.group):  # one process holds the whole sequence
+            return _sharded_conv(self, x, self._pads(), {})
+        _check_input(self, x, 3)
+        if x.dim() == 4:  # unbatched
+            return self.forward(x.unsqueeze(0)).squeeze(0)
+        if self.stride[0] != 1 or self.padding_mode != "zeros":
+            return _sharded_conv(self, x, self._pads(), {0: self.group})
         if not halo and x.shape[-3]:  # a kernel one frame long needs no context
             return F.conv3d(x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
-        cfg = _Config(self)
-        if x.dim() == 4:  # unbatched
-            return _ContextParallelConv.apply(x.unsqueeze(0), self.weight, self.bias, cfg).squeeze(0)
-        return _ContextParallelConv.apply(x, self.weight, self.bias, cfg)
+        return _ContextParallelConv.apply(x, self.weight, self.bias, _Config(self))
 
     def extra_repr(self) -> str:
         return super().extra_repr() + f", temporal halo=({self.left}, {self.right})"
+
+
+def _temporal_and_spatial(v, name, temporal_default):
+    """(t, h, w) from a (t, h, w) triple, or from an int or (h, w) pair that
+    is spatial only (the layers' signature before temporal strides)."""
+    if not isinstance(v, int) and len(tuple(v)) == 3:
+        return tuple(v)
+    return (temporal_default,) + _pair(v, name)
 
 
 class CausalConv3d(_ContextParallelConv3d):
@@ -307,3 +450,66 @@ class CenteredConv3d(_ContextParallelConv3d):
         if context % 2:
             raise ValueError(f"a centred temporal kernel needs an even context (K-1)*dilation, not {context}")
         return context // 2, context // 2
+
+
+class _TiledConv:
+    """The forward of TiledConv2d and TiledConv3d: every spatial dim tiled
+    over a grid dim of more than one rank is sharded; the others are local."""
+
+    def _check_grid(self, grid, nsp):
+        if not isinstance(grid, TileGrid) or len(grid.shape) != nsp:
+            raise HaloError(_lib.ERR_INVALID_ARGUMENT,
+                            f"halocp.nn: {type(self).__name__} wants a halocp.TileGrid of {nsp} dims (one per spatial "
+                            f"dim, 1 where a dim is not tiled), not {grid!r}")
+        self.grid = grid
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        nsp = len(self.kernel_size)
+        _check_input(self, x, nsp)
+        if x.dim() == nsp + 1:  # unbatched
+            return self.forward(x.unsqueeze(0)).squeeze(0)
+        p = self._reversed_padding_repeated_twice  # (left, right) per spatial dim, last dim first
+        pads = [(p[2 * (nsp - 1 - i)], p[2 * (nsp - 1 - i) + 1]) for i in range(nsp)]
+        sharded = {i: g for i, (n, g) in enumerate(zip(self.grid.shape, self.grid.groups)) if n > 1}
+        return _sharded_conv(self, x, pads, sharded)
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + f", grid={'x'.join(map(str, self.grid.shape))}"
+
+
+class TiledConv2d(_TiledConv, torch.nn.Conv2d):
+    """``torch.nn.Conv2d`` over an ``(N, C, H, W)`` activation tiled over
+    ``grid``, a :class:`halocp.TileGrid` of shape ``(ranks along H, ranks
+    along W)`` (1 where a dim is not tiled), for spatially parallel work such
+    as a VAE's decoder.
+
+    Each rank holds one tile; the layer fetches its halos, corners included,
+    with :func:`halocp.tile_halo_exchange`'s recipe, and convolves, so that
+    the tiles of the outputs put together, the input gradients, and the
+    weight and bias gradients summed over the grid are those of the same
+    ``Conv2d`` on the whole tensor. Every argument of ``Conv2d`` is
+    supported: ``stride`` (output j of a tiled dim is computed by the rank
+    whose tile holds input j * stride, so tiles need not be multiples of the
+    stride), ``dilation``, ``padding`` (ints or "same"/"valid"), ``groups``
+    and ``padding_mode``. Tiles may be uneven.
+    """
+
+    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, groups=1,
+                 bias=True, padding_mode="zeros", device=None, dtype=None, *, grid):
+        torch.nn.Conv2d.__init__(self, in_channels, out_channels, kernel_size, stride, padding, dilation, groups,
+                                 bias, padding_mode, device, dtype)
+        self._check_grid(grid, 2)
+
+
+class TiledConv3d(_TiledConv, torch.nn.Conv3d):
+    """``torch.nn.Conv3d`` over an ``(N, C, T, H, W)`` activation tiled over
+    ``grid``, a :class:`halocp.TileGrid` of shape ``(ranks along T, along H,
+    along W)``: T x H x W tiles, or H x W tiles with a grid of shape
+    ``(1, h, w)``. Otherwise as :class:`TiledConv2d`.
+    """
+
+    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, groups=1,
+                 bias=True, padding_mode="zeros", device=None, dtype=None, *, grid):
+        torch.nn.Conv3d.__init__(self, in_channels, out_channels, kernel_size, stride, padding, dilation, groups,
+                                 bias, padding_mode, device, dtype)
+        self._check_grid(grid, 3)

@@ -143,7 +143,12 @@ def scenario_halos(cases=20):
         if left == 0 and right == 0:
             expect(lh.shape[dim] == 0 and rh.shape[dim] == 0, f"{what}: zero halos must be empty")
             continue
-        expect(lh.is_contiguous() and rh.is_contiguous(), f"{what}: the halos must be contiguous")
+        # The halos are dense in x's memory format: a permuted x's dim order
+        # (its dims by stride, outermost first), else contiguous.
+        order = sorted(range(x.dim()), key=lambda d: -x.stride()[d]) if layout == "permuted" else range(x.dim())
+        for h in (lh, rh):
+            expect(h.permute(*order).is_contiguous(),
+                   f"{what}: the halos must be dense in x's dim order {order}, not strides {h.stride()}")
         expect_bits(lh, y.narrow(dim, 0, left), f"{what} ({layout}): left halo")
         expect_bits(rh, y.narrow(dim, left + n, right), f"{what} ({layout}): right halo")
         # The gradient: halos' gradients only, so cp_halo_exchange's with a zero interior.
