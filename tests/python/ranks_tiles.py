@@ -22,7 +22,7 @@ from ranks import expect, expect_bits, gather, offsets, oracle_backward, oracle_
 # Grids of W ranks, tested for each W (2-D and 3-D), with their uneven tiles.
 GRIDS = {1: [(1, 1), (1, 1, 1)], 2: [(2, 1), (1, 2), (1, 1, 2)], 3: [(3, 1), (1, 3)],
          4: [(2, 2), (1, 4), (2, 1, 2)]}
-SPLITS = [[3, 1, 4, 2], [2, 5, 1, 3], [4, 2, 3, 1]]  # tile sizes along grid dim i: SPLITS[i][:ranks]
+SPLITS = [[5, 2, 4, 3], [3, 4, 2, 5], [4, 2, 3, 1]]  # tile sizes along grid dim i: SPLITS[i][:ranks]; offsets vary mod 2 and 3
 
 _grids = {}
 
