@@ -30,10 +30,10 @@ extern "C" {
 
 /** @brief Version of this header. Compare with halo_version_number(). */
 #define HALO_VERSION_MAJOR 0
-#define HALO_VERSION_MINOR 2
+#define HALO_VERSION_MINOR 3
 #define HALO_VERSION_PATCH 0
 #define HALO_VERSION_NUMBER (HALO_VERSION_MAJOR * 10000 + HALO_VERSION_MINOR * 100 + HALO_VERSION_PATCH)
-#define HALO_VERSION_STRING "0.2.0"
+#define HALO_VERSION_STRING "0.3.0"
 
 /** @brief Result codes. Values are fixed forever; new ones are appended. */
 typedef enum halo_result {
@@ -58,9 +58,33 @@ typedef enum halo_dtype {
     HALO_BFLOAT16 = 3
 } halo_dtype_t;
 
-/** @brief What fills halo slices outside the global sequence. */
+/**
+ * @brief What fills halo slices outside the global sequence of T slices: the
+ * four padding modes of torch.nn.Conv3d. A slot at global position g < 0 or
+ * g >= T takes the value of the global slice: replicate clamp(g, 0, T-1);
+ * reflect -g or 2(T-1)-g (the edge slice not repeated; needs left, right < T);
+ * circular g mod T (needs left, right <= T). The source may be on any rank.
+ * A plan whose halos the global length cannot serve fails creation with
+ * HALO_ERR_INVALID_ARGUMENT; ranks that disagree on the mode get
+ * HALO_ERR_MISMATCH.
+ *
+ * Gradients (not zeros): a slot's gradient is added to the slice it was
+ * copied from, and grad_x equals torch's F.pad backward applied to the
+ * gathered padded gradient, bit for bit. That gathered gradient sums every
+ * rank's contribution to a slot in a fixed order: the owner's own, then the
+ * ranks to its right nearest first, then those to its left nearest first; a
+ * slot beyond an end has no owner and sums its ranks nearest that end first.
+ * F.pad's backward (torch 1.13, CPU) then adds, starting from +0: replicate
+ * every slot that maps to a slice in increasing position; reflect the left
+ * slot, the slice's own, then the right slot; circular the slice's own, the
+ * right slot, then the left one. float16/bfloat16 add in float32, rounding
+ * after each addition.
+ */
 typedef enum halo_padding {
-    HALO_PAD_ZEROS = 0
+    HALO_PAD_ZEROS     = 0, /**< zeros, no gradient (the reference) */
+    HALO_PAD_REPLICATE = 1, /**< the edge slice repeated */
+    HALO_PAD_REFLECT   = 2, /**< mirrored about the edge slice */
+    HALO_PAD_CIRCULAR  = 3  /**< wrapped around: rank 0's left halo ends the sequence */
 } halo_padding_t;
 
 /** @brief The two exchanges of a plan, for the asynchronous calls. */
@@ -162,7 +186,7 @@ typedef struct halo_plan_params {
 
 /** @brief Version of the loaded library, as HALO_VERSION_NUMBER. */
 int halo_version_number(void);
-/** @brief Version string of the loaded library, e.g. "0.2.0". */
+/** @brief Version string of the loaded library, e.g. "0.3.0". */
 const char *halo_version_string(void);
 
 /** @brief A static description of a result code. */
