@@ -347,9 +347,8 @@ def _sharded_conv(layer, x, pads, sharded):
             phase, count = _outputs(s, e, pl, pr, lengths, dist.get_rank(group))
         windows.append((2 + i, group, pl, max(e - pl, pr, 0), phase, (count - 1) * s + e + 1 if count else 0))
         out_shape.append(count)
-    mode_kw = {} if mode == "zeros" else {"padding_mode": mode}
     for dim, group, left, right, _, _ in windows:
-        x = cp_halo_exchange(x, left, right, dim, group, **mode_kw)
+        x = cp_halo_exchange(x, left, right, dim, group, mode)
     if 0 in out_shape:
         return _NoOutput.apply(x, layer.weight, layer.bias, out_shape)
     for dim, _, _, _, phase, length in windows:

@@ -132,8 +132,6 @@ def tile_halo_exchange(x: Tensor, halos, dims, grid: TileGrid, padding_mode: str
                         f"halocp: {len(dims)} dims {dims} for a {len(grid.shape)}-d grid {grid.shape}: one per grid dim")
     if isinstance(x, Tensor) and len({d % x.dim() for d in dims if -x.dim() <= d < x.dim()}) != len(dims):
         raise HaloError(_lib.ERR_INVALID_ARGUMENT, f"halocp: dims {dims} must be distinct dims of x")
-    # Only a mode other than zeros needs the keyword.
-    mode = {} if padding_mode == "zeros" else {"padding_mode": padding_mode}
     for (left, right), dim, group in zip(pairs, dims, grid.groups):
-        x = cp_halo_exchange(x, left, right, dim, group, **mode)
+        x = cp_halo_exchange(x, left, right, dim, group, padding_mode)
     return x

@@ -159,7 +159,7 @@ def _scatter(xg, g, dims, sizes):
     return xg[tiles_of(xg.shape, g.shape, sizes, g.coords, dims)]
 
 
-def scenario_tiles():
+def scenario_tiles(modes=("zeros",)):
     """tile_halo_exchange == F.pad of the global tensor sliced at the tile,
     corners included; its backward == autograd through that on the global
     tensor; on 2-D and 3-D grids with uneven tiles and multi-hop halos."""
@@ -168,12 +168,13 @@ def scenario_tiles():
         k = len(gshape)
         sizes = [SPLITS[i][:gshape[i]] for i in range(k)]
         dims = list(range(2, 2 + k))
-        halos = [(2, 1), (1, 3), (0, 2)][:k]
-        for fmt in (torch.contiguous_format, torch.channels_last if k == 2 else torch.channels_last_3d):
-            what = f"grid {gshape}, {fmt}"
+        halos = [(2, 1), (1, 2), (0, 2)][:k]  # below every global size: reflect wants that
+        formats = (torch.contiguous_format, torch.channels_last if k == 2 else torch.channels_last_3d)
+        for fmt, mode in itertools.product(formats, modes):
+            what = f"grid {gshape}, {fmt}, {mode}"
             torch.manual_seed(7)
             xg = torch.randn([2, 3] + [sum(s) for s in sizes], dtype=torch.float64, requires_grad=True)
-            yg = F.pad(xg, [p for lr in reversed(halos) for p in lr])
+            yg = F.pad(xg, [p for lr in reversed(halos) for p in lr], "constant" if mode == "zeros" else mode)
             gg = torch.randn_like(yg)
 
             def padded_tile(coords):
@@ -189,7 +190,7 @@ def scenario_tiles():
             every = itertools.product(*[range(n) for n in gshape])
             sum((yg[padded_tile(c)] * gg[padded_tile(c)]).sum() for c in every).backward()
             x = to_format(_scatter(xg.detach(), g, dims, sizes), fmt).requires_grad_()
-            y = halocp.tile_halo_exchange(x, halos, dims, g)
+            y = halocp.tile_halo_exchange(x, halos, dims, g, mode)
             mine = padded_tile(g.coords)
             expect_bits(y, yg.detach()[mine], f"{what}: forward")
             expect(in_format(y, fmt), f"{what}: the output is not in x's memory format: {y.stride()}")
@@ -299,9 +300,11 @@ def _tiles_along(y, g, i, d):
 
 
 def scenario_modes():
-    """padding_mode: the layers and tile_halo_exchange with replicate,
+    """padding_mode: tile_halo_exchange and the layers with replicate,
     reflect and circular padding."""
-    scenario_layers(("replicate", "reflect", "circular"))
+    modes = ("replicate", "reflect", "circular")
+    scenario_tiles(modes)
+    scenario_layers(modes)
 
 
 if __name__ == "__main__":
