@@ -40,6 +40,7 @@ def main() -> int:
     ap.add_argument("--channels", type=int, default=32)
     ap.add_argument("--size", type=int, default=64, help="tile height and width")
     ap.add_argument("--halo", type=int, default=1, help="halo on every side")
+    ap.add_argument("--channels-last", action="store_true", help="tiles in torch.channels_last")
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--rounds", type=int, default=5)
     args = ap.parse_args()
@@ -57,6 +58,8 @@ def main() -> int:
     grid = halocp.TileGrid((2, world // 2))
     C, S, h = args.channels, args.size, args.halo
     x = torch.randn(1, C, S, S)
+    if args.channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
     # The recipe's bytes per middle rank: H halos of S columns, then W halos
     # of S + 2h rows. One 1-D exchange of k rows of S columns on each side.
     recipe_bytes = 4 * C * (2 * h * S + 2 * h * (S + 2 * h))
@@ -89,7 +92,8 @@ def main() -> int:
     if dist.get_rank() == 0:
         nbytes = {"recipe": recipe_bytes, "H only": 4 * C * 2 * h * S, "W only": 4 * C * 2 * h * (S + 2 * h),
                   "one 1-D": one_bytes}
-        print(f"# {world} ranks, grid 2 x {world // 2}, tile (1, {C}, {S}, {S}) float32, halo {h}; one 1-D: k = {k}; "
+        layout = "channels_last" if args.channels_last else "contiguous"
+        print(f"# {world} ranks, grid 2 x {world // 2}, tile (1, {C}, {S}, {S}) float32 {layout}, halo {h}; one 1-D: k = {k}; "
               f"{args.rounds} rounds x {args.iters} calls, median and p99 of the slowest rank")
         print(f"# {'variant':<10} {'bytes/rank':>11} {'median us':>10} {'p99 us':>9} {'vs one 1-D':>11}")
         base = stats["one 1-D"][0]
