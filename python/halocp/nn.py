@@ -1,12 +1,13 @@
-"""Context-parallel temporal convolutions: the halo exchange and the
+"""Context-parallel and tiled convolutions: the halo exchange and the
 convolution in one layer.
 
 Each rank holds a shard of the time axis of an ``(N, C, T, H, W)`` input
-(or unbatched ``(C, T, H, W)``); the layer fetches the context its kernel
-needs from the neighbouring ranks and convolves, so that the concatenation of
-the ranks' outputs, and every gradient, is that of the same convolution over
-the full sequence. Weight gradients are per rank, as with any data-parallel
-layer: sum them over the group (DDP and FSDP do).
+(or unbatched ``(C, T, H, W)``), or one tile of an input tiled over a grid
+of ranks (TiledConv2d, TiledConv3d); the layer fetches the context its
+kernel needs from the neighbouring ranks and convolves, so that the ranks'
+outputs put together, and every gradient, are those of the same convolution
+over the whole tensor. Weight gradients are per rank, as with any
+data-parallel layer: sum them over the group (DDP and FSDP do).
 """
 
 from __future__ import annotations
@@ -428,10 +429,23 @@ class CausalConv3d(_ContextParallelConv3d):
     Output frame t sees input frames t-(K-1)d .. t only: every rank fetches
     the ``d*(K-1)`` frames before its shard (zeros before the sequence
     starts), K and d being the temporal kernel size and dilation. The output
-    has as many frames as the input shard. ``stride`` and ``padding`` are
-    spatial (an int or a (height, width) pair); the temporal stride is 1.
-    ``group=None`` means the default process group, or, when
-    torch.distributed is not initialised, one process with the whole sequence.
+    has as many frames as the input shard. ``padding`` is spatial (an int or
+    a (height, width) pair); so is ``stride`` as an int or a pair, while a
+    ``(t, h, w)`` triple also sets a temporal stride s: global output frame j
+    reads inputs j*s - (K-1)d .. j*s and is computed by the rank whose shard
+    holds input j*s, so a shard of n frames at global offset a gives
+    ceil((a+n)/s) - ceil(a/s) frames (none, if no j*s falls in it). Each
+    rank's offset comes from one small exchange of every rank's shard length
+    per call, which also checks that the ranks agree on the convolution
+    (``HaloError(ERR_MISMATCH)`` otherwise). ``padding_mode`` is torch's
+    ("zeros", "reflect", "replicate", "circular"), at the ends of the
+    sequence as at the spatial borders. ``group=None`` means the default
+    process group, or, when torch.distributed is not initialised, one
+    process with the whole sequence.
+
+    A temporal stride of 1 with zero padding takes the fused path (the
+    halos travel while the shard is convolved, no padded copy); the other
+    configurations pad the shard with ``cp_halo_exchange`` and convolve it.
     """
 
     def _halo(self, context):
@@ -441,8 +455,9 @@ class CausalConv3d(_ContextParallelConv3d):
 class CenteredConv3d(_ContextParallelConv3d):
     """A centred ("same") temporal Conv3d over a time axis sharded across
     ``group``: output frame t sees input frames t-(K-1)d/2 .. t+(K-1)d/2,
-    zeros beyond the ends of the sequence. ``(K-1)*d`` must be even.
-    Otherwise as :class:`CausalConv3d`.
+    padding (``padding_mode``) beyond the ends of the sequence. ``(K-1)*d``
+    must be even. Otherwise as :class:`CausalConv3d` (with a temporal stride
+    s, output j reads inputs j*s - (K-1)d/2 .. j*s + (K-1)d/2).
     """
 
     def _halo(self, context):

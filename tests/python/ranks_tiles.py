@@ -299,6 +299,31 @@ def _tiles_along(y, g, i, d):
     return [t for c, t in zip(coords, tiles) if all(c[j] == g.coords[j] for j in range(len(c)) if j != i)]
 
 
+def scenario_mismatch():
+    """Ranks whose layers differ (a temporal stride, a tiled layer's stride)
+    all get the same ERR_MISMATCH naming the ranks, promptly; the group
+    works afterwards."""
+    R, W = ranks.RANK, ranks.WORLD
+    if W == 1:
+        return
+    x = torch.randn(1, 2, 4, 3, 3)
+    stride = 2 if R == W - 1 else 3
+    layer = halocp.nn.CausalConv3d(2, 2, 3, stride=(stride, 1, 1))
+    msg = ranks.raises(lambda: layer(x), halocp.ERR_MISMATCH, "temporal strides that differ")
+    expect(f"rank {W - 1}: kernel 3, stride 2" in msg and "rank 0: kernel 3, stride 3" in msg, f"the message: {msg}")
+    expect(len({m.split(": ", 1)[1] for m in gather_strings(msg)}) == 1, f"the ranks' messages differ: {msg}")
+    tiled = halocp.nn.TiledConv2d(2, 2, 3, stride=1 + (R == 0), padding=1, grid=grid((W, 1)))
+    ranks.raises(lambda: tiled(torch.randn(1, 2, 4, 5)), halocp.ERR_MISMATCH, "tiled strides that differ")
+    y = halocp.nn.CausalConv3d(2, 2, 3, stride=(2, 1, 1))(x)  # the same layer everywhere: fine again
+    expect(y.shape[2] == len(range(-(-4 * R // 2), -(-4 * (R + 1) // 2))), f"output frames {y.shape[2]}")
+
+
+def gather_strings(s: str) -> list:
+    out = [None] * ranks.WORLD
+    dist.all_gather_object(out, s)
+    return out
+
+
 def scenario_modes():
     """padding_mode: tile_halo_exchange and the layers with replicate,
     reflect and circular padding."""
