@@ -8,8 +8,9 @@ libhalo (UCX) instead of torch.distributed P2P: no packing of boundary
 slabs, no zero halos and ``torch.cat`` per call, and errors instead of hangs.
 Also: the halos alone (``halos``), exchanges started now and finished later
 (``cp_halo_exchange_start``, ``halo_exchange_start_``, ``halos_start``),
-``abort`` for a watchdog, and context-parallel Conv3d layers (``halocp.nn``)
-that convolve while the halos travel, with no padded copy of their input.
+``abort`` for a watchdog, halos of tensors tiled over a grid of ranks
+(``TileGrid``, ``tile_halo_exchange``), and context-parallel and tiled
+convolution layers (``halocp.nn``).
 Python over ``libhalo.so`` through ctypes; the library is found through
 ``HALO_LIBRARY``, inside this package (where the wheel puts it), in a source
 checkout's ``build/lib``, or on the dynamic loader's path.
@@ -47,6 +48,8 @@ __all__ = [
     "cp_halo_exchange_start",
     "halo_exchange_start_",
     "halos_start",
+    "TileGrid",
+    "tile_halo_exchange",
     "Exchange",
     "abort",
     "HaloError",
