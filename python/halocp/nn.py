@@ -339,13 +339,13 @@ def _sharded_conv(layer, x, pads, sharded):
             continue
         pl, pr = pads[i]
         group, n = sharded[i], x.shape[2 + i]
-        if s == 1 and pl + pr == e:  # as many outputs as inputs
-            phase, count = 0, n
-        else:
-            table = _ShardTable.rows(group, [n, k, s, dil, pl, pr])
-            _agree(layer, table, 2 + i)
-            lengths = [int(v) for v in table[:, 0].tolist()]
-            phase, count = _outputs(s, e, pl, pr, lengths, dist.get_rank(group))
+        # Every call, even where the split could be known locally (stride 1,
+        # as many outputs as inputs): whether to exchange must not depend on
+        # what the ranks may disagree on.
+        table = _ShardTable.rows(group, [n, k, s, dil, pl, pr])
+        _agree(layer, table, 2 + i)
+        lengths = [int(v) for v in table[:, 0].tolist()]
+        phase, count = _outputs(s, e, pl, pr, lengths, dist.get_rank(group))
         windows.append((2 + i, group, pl, max(e - pl, pr, 0), phase, (count - 1) * s + e + 1 if count else 0))
         out_shape.append(count)
     for dim, group, left, right, _, _ in windows:
@@ -436,8 +436,9 @@ class CausalConv3d(_ContextParallelConv3d):
     holds input j*s, so a shard of n frames at global offset a gives
     ceil((a+n)/s) - ceil(a/s) frames (none, if no j*s falls in it). Each
     rank's offset comes from one small exchange of every rank's shard length
-    per call, which also checks that the ranks agree on the convolution
-    (``HaloError(ERR_MISMATCH)`` otherwise). ``padding_mode`` is torch's
+    per call (on every path but the fused one below), which also checks
+    that the ranks agree on the convolution (``HaloError(ERR_MISMATCH)``
+    otherwise). ``padding_mode`` is torch's
     ("zeros", "reflect", "replicate", "circular"), at the ends of the
     sequence as at the spatial borders. ``group=None`` means the default
     process group, or, when torch.distributed is not initialised, one

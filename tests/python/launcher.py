@@ -95,6 +95,19 @@ def report(ranks: list[Rank]) -> str:
     return "\n".join(parts)
 
 
+def scenario_failure(ranks: list[Rank], scenario: str) -> str | None:
+    """Why a scenario did not pass on every rank (each prints one "RESULT
+    <scenario> ok|FAIL" line; the first failure ends a rank, so later
+    scenarios then report nothing), or None if it did."""
+    for r in ranks:
+        lines = [ln for ln in r.stdout.splitlines() if ln.startswith(f"RESULT {scenario} ")]
+        if not lines or not lines[0].startswith(f"RESULT {scenario} ok"):
+            return f"rank {r.rank} of {len(ranks)}: scenario {scenario} did not pass\n{report(ranks)}"
+    if not all(r.returncode == 0 for r in ranks):
+        return report(ranks)
+    return None
+
+
 if __name__ == "__main__":  # python3 launcher.py W script [args...]
     result = launch(Path(sys.argv[2]), int(sys.argv[1]), sys.argv[3:])
     print(report(result))

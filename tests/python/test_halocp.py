@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher import REPO, launch, report
+from launcher import REPO, launch, scenario_failure
 
 HERE = Path(__file__).resolve().parent
 SCENARIOS = ["exchange", "conv", "gradcheck", "errors", "timeout"]
@@ -29,11 +29,8 @@ def ranks(request):
 def test_ranks(ranks, scenario):
     """Every rank reports the scenario ok (the first failure ends a rank, so
     later scenarios then report nothing)."""
-    for r in ranks:
-        lines = [ln for ln in r.stdout.splitlines() if ln.startswith(f"RESULT {scenario} ")]
-        if not lines or not lines[0].startswith(f"RESULT {scenario} ok"):
-            pytest.fail(f"rank {r.rank} of {len(ranks)}: scenario {scenario} did not pass\n{report(ranks)}")
-    assert all(r.returncode == 0 for r in ranks), report(ranks)
+    failure = scenario_failure(ranks, scenario)
+    assert failure is None, failure
 
 
 def _python(code: str, **env) -> subprocess.CompletedProcess:
