@@ -383,7 +383,7 @@ def _distributed(group) -> bool:
 
 class _ContextParallelConv3d(torch.nn.Conv3d):
     def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, groups=1,
-                 bias=True, padding_mode="zeros", device=None, dtype=None, *, group=None):
+                 bias=True, padding_mode="zeros", device=None, dtype=None, *, group=None, grid=None):
         st, sh, sw = _temporal_and_spatial(stride, "stride", 1)
         ph, pw = _pair(padding, "padding")
         super().__init__(in_channels, out_channels, kernel_size, stride=(st, sh, sw), padding=(0, ph, pw),
@@ -391,6 +391,11 @@ class _ContextParallelConv3d(torch.nn.Conv3d):
                          dtype=dtype)
         self.group = group
         self.left, self.right = self._halo(self.dilation[0] * (self.kernel_size[0] - 1))
+        self.grid = grid
+        if grid is not None:
+            if group is not None:
+                raise ValueError("a layer is sharded over a group (its time axis) or a grid (T x H x W), not both")
+            _TiledConv._check_grid(self, grid, 3)
 
     def _halo(self, context: int) -> tuple[int, int]:
         raise NotImplementedError
@@ -400,11 +405,13 @@ class _ContextParallelConv3d(torch.nn.Conv3d):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         halo = self.left or self.right
-        if not _distributed(self.group):  # one process holds the whole sequence
+        if self.grid is None and not _distributed(self.group):  # one process holds the whole sequence
             return _sharded_conv(self, x, self._pads(), {})
         _check_input(self, x, 3)
         if x.dim() == 4:  # unbatched
             return self.forward(x.unsqueeze(0)).squeeze(0)
+        if self.grid is not None:
+            return _sharded_conv(self, x, self._pads(), _tiled_dims(self.grid))
         if self.stride[0] != 1 or self.padding_mode != "zeros":
             return _sharded_conv(self, x, self._pads(), {0: self.group})
         if not halo and x.shape[-3]:  # a kernel one frame long needs no context
@@ -412,7 +419,8 @@ class _ContextParallelConv3d(torch.nn.Conv3d):
         return _ContextParallelConv.apply(x, self.weight, self.bias, _Config(self))
 
     def extra_repr(self) -> str:
-        return super().extra_repr() + f", temporal halo=({self.left}, {self.right})"
+        grid = "" if self.grid is None else f", grid={'x'.join(map(str, self.grid.shape))}"
+        return super().extra_repr() + f", temporal halo=({self.left}, {self.right})" + grid
 
 
 def _temporal_and_spatial(v, name, temporal_default):
@@ -442,7 +450,9 @@ class CausalConv3d(_ContextParallelConv3d):
     ("zeros", "reflect", "replicate", "circular"), at the ends of the
     sequence as at the spatial borders. ``group=None`` means the default
     process group, or, when torch.distributed is not initialised, one
-    process with the whole sequence.
+    process with the whole sequence. ``grid=`` (a 3-d :class:`halocp.TileGrid`,
+    instead of ``group``) tiles T x H x W as :class:`TiledConv3d` does, for
+    a causal video VAE tiled over H x W, say.
 
     A temporal stride of 1 with zero padding takes the fused path (the
     halos travel while the shard is convolved, no padded copy); the other
@@ -467,6 +477,11 @@ class CenteredConv3d(_ContextParallelConv3d):
         return context // 2, context // 2
 
 
+def _tiled_dims(grid):
+    """The sharded spatial dims of a grid: those over more than one rank."""
+    return {i: g for i, (n, g) in enumerate(zip(grid.shape, grid.groups)) if n > 1}
+
+
 class _TiledConv:
     """The forward of TiledConv2d and TiledConv3d: every spatial dim tiled
     over a grid dim of more than one rank is sharded; the others are local."""
@@ -485,8 +500,7 @@ class _TiledConv:
             return self.forward(x.unsqueeze(0)).squeeze(0)
         p = self._reversed_padding_repeated_twice  # (left, right) per spatial dim, last dim first
         pads = [(p[2 * (nsp - 1 - i)], p[2 * (nsp - 1 - i) + 1]) for i in range(nsp)]
-        sharded = {i: g for i, (n, g) in enumerate(zip(self.grid.shape, self.grid.groups)) if n > 1}
-        return _sharded_conv(self, x, pads, sharded)
+        return _sharded_conv(self, x, pads, _tiled_dims(self.grid))
 
     def extra_repr(self) -> str:
         return super().extra_repr() + f", grid={'x'.join(map(str, self.grid.shape))}"

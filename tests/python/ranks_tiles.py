@@ -225,6 +225,8 @@ LAYERS = [  # (class, arguments, tiled dims' sizes)
     (halocp.nn.CenteredConv3d, dict(kernel_size=(5, 3, 1), stride=(2, 1, 1), padding=(1, 0))),
     (halocp.nn.CenteredConv3d, dict(kernel_size=3, dilation=(2, 1, 1), padding=1)),
     (halocp.nn.CenteredConv3d, dict(kernel_size=(3, 1, 1), stride=(5, 1, 1))),  # W = 4: rank 3 has no output
+    (halocp.nn.CausalConv3d, dict(kernel_size=3, stride=(2, 2, 1), padding=1, grid=True)),  # T x H x W tiles
+    (halocp.nn.CenteredConv3d, dict(kernel_size=(3, 2, 3), dilation=(2, 1, 1), padding=(0, 1), grid=True)),
     (halocp.nn.TiledConv2d, dict(kernel_size=3, stride=2, padding=1)),
     (halocp.nn.TiledConv2d, dict(kernel_size=3, dilation=2, padding=2)),
     (halocp.nn.TiledConv2d, dict(kernel_size=(4, 2), padding="same")),
@@ -259,7 +261,8 @@ def scenario_layers(modes=("zeros",)):
     summed over the ranks; uneven shards and tiles."""
     W = ranks.WORLD
     for (cls, kw), mode in itertools.product(LAYERS, modes):
-        temporal = cls in (halocp.nn.CausalConv3d, halocp.nn.CenteredConv3d)
+        kw = dict(kw)
+        temporal = cls in (halocp.nn.CausalConv3d, halocp.nn.CenteredConv3d) and not kw.pop("grid", False)
         nsp = 2 if cls is halocp.nn.TiledConv2d else 3
         shapes = [(W,) + (1,) * (nsp - 1)] if temporal else [s for s in GRIDS[W] if len(s) == nsp] or [(1,) * (nsp - 1) + (W,)]
         for gshape in shapes:
