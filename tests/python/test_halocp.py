@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher import REPO, launch, scenario_failure
+from launcher import REPO, expect_scenario, launch
 
 HERE = Path(__file__).resolve().parent
 SCENARIOS = ["exchange", "conv", "gradcheck", "errors", "timeout"]
@@ -29,8 +29,7 @@ def ranks(request):
 def test_ranks(ranks, scenario):
     """Every rank reports the scenario ok (the first failure ends a rank, so
     later scenarios then report nothing)."""
-    failure = scenario_failure(ranks, scenario)
-    assert failure is None, failure
+    expect_scenario(ranks, scenario)
 
 
 def _python(code: str, **env) -> subprocess.CompletedProcess:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher import REPO, launch, scenario_failure
+from launcher import REPO, expect_scenario, launch
 
 HERE = Path(__file__).resolve().parent
 SCENARIOS = ["async", "halos", "layers", "abort"]  # abort last: it fails a communicator
@@ -29,8 +29,7 @@ def ranks(request):
 @pytest.mark.parametrize("scenario", SCENARIOS)
 def test_ranks(ranks, scenario):
     """Every rank reports the scenario ok (the first failure ends a rank)."""
-    failure = scenario_failure(ranks, scenario)
-    assert failure is None, failure
+    expect_scenario(ranks, scenario)
 
 
 def test_layers_without_distributed():

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher import launch, scenario_failure
+from launcher import expect_scenario, launch
 
 HERE = Path(__file__).resolve().parent
 SCENARIOS = ["formats", "tiles", "layers", "modes", "mismatch"]
@@ -27,5 +27,4 @@ def ranks(request):
 @pytest.mark.parametrize("scenario", SCENARIOS)
 def test_ranks(ranks, scenario):
     """Every rank reports the scenario ok (the first failure ends a rank)."""
-    failure = scenario_failure(ranks, scenario)
-    assert failure is None, failure
+    expect_scenario(ranks, scenario)
