@@ -14,6 +14,19 @@ import (
 // small forward copy from its source slice, and in the backward its gradient
 // is added to that slice in the order of torch's F.pad backward (below).
 
+// Source is the global slice that padded global position g shows in a
+// sequence of T slices (g itself inside it), and false where zeros padding
+// shows a zero.
+func (m Padding) Source(g, T int64) (int64, bool) {
+	if g >= 0 && g < T {
+		return g, true
+	}
+	if m == PadZeros {
+		return 0, false
+	}
+	return m.source(g, T), true
+}
+
 // source is the global slice that fills the slot at global position g, for
 // a sequence of T slices (g < 0 or g >= T).
 func (m Padding) source(g, T int64) int64 {
@@ -122,6 +135,11 @@ func (p partition) padPieces(L, R int64, m Padding) []padPiece {
 				}
 				ps = append(ps, padPiece{owner: q, dst: d, g: g, k: 1, src: s, step: m.step()})
 			}
+		}
+	}
+	for i := range ps {
+		if ps[i].k == 1 {
+			ps[i].step = 1 // one slot: received in place, whatever the mode
 		}
 	}
 	return ps
