@@ -14,6 +14,19 @@ import (
 // small forward copy from its source slice, and in the backward its gradient
 // is added to that slice in the order of torch's F.pad backward (below).
 
+// Source is the global slice that padded global position g shows in a
+// sequence of T slices (g itself inside it), and false where zeros padding
+// shows a zero.
+func (m Padding) Source(g, T int64) (int64, bool) {
+	if g >= 0 && g < T {
+		return g, true
+	}
+	if m == PadZeros {
+		return 0, false
+	}
+	return m.source(g, T), true
+}
+
 // source is the global slice that fills the slot at global position g, for
 // a sequence of T slices (g < 0 or g >= T).
 func (m Padding) source(g, T int64) int64 {
@@ -124,6 +137,11 @@ func (p partition) padPieces(L, R int64, m Padding) []padPiece {
 			}
 		}
 	}
+	for i := range ps {
+		if ps[i].k == 1 {
+			ps[i].step = 1 // one slot: received in place, whatever the mode
+		}
+	}
 	return ps
 }
 
@@ -186,6 +204,29 @@ func sliceElems(shape []int64, dim int) int64 {
 	return n
 }
 
+// zeroSpans are the global slices to which torch's F.pad backward adds +0
+// (which turns -0 into +0; nothing else): replicate and reflect start from
+// a zero tensor, so every slice. Circular (torch 1.13 copies the sequence
+// into the padded tensor and then its wrapped slices, right after left)
+// gets, in the backward of each copy, a tensor that is zero outside that
+// copy's source slices added to every slice: +0 on every slice that is not
+// a source of a right slot ([0, R)) when R > 0, and on every slice that is
+// not a source of a left slot ([T-L, T)) when L > 0.
+func zeroSpans(m Padding, L, R, T int64) [][2]int64 {
+	if m != PadCircular {
+		return [][2]int64{{0, T}}
+	}
+	switch {
+	case L > 0 && R > 0: // all but the sources of both sides
+		return [][2]int64{{0, max(T-L, 0)}, {max(R, T-L), T}}
+	case L > 0:
+		return [][2]int64{{0, T - L}}
+	case R > 0:
+		return [][2]int64{{R, T}}
+	}
+	return nil
+}
+
 // contribution is one rank's gradient of a padding slot.
 type contribution struct {
 	rank int
@@ -211,11 +252,12 @@ func (p *Plan) buildPadding(l layoutPlan, fside, bside [2]region, xr, gxr region
 		}
 		return sideRight
 	}
-	// torch's backward starts from a zero tensor: +0 on every slice, which
-	// commutes bitwise with the other additions, so it runs while the wire
-	// works.
-	if n > 0 {
-		b.addZero = append(b.addZero, p.oneOperand(l, gxr, L, L+n))
+	// Where torch's backward adds +0 (zeroSpan), so do we; +0 commutes
+	// bitwise with the other additions, so it runs while the wire works.
+	for _, z := range zeroSpans(s.Padding, L, s.Right, l.part.total) {
+		if lo, hi := max(z[0], off), min(z[1], off+n); lo < hi {
+			b.addZero = append(b.addZero, p.oneOperand(l, gxr, pos(lo), pos(hi)))
+		}
 	}
 	contrib := map[int64][]contribution{}
 	for _, pc := range l.part.padPieces(L, s.Right, s.Padding) {

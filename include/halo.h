@@ -60,25 +60,26 @@ typedef enum halo_dtype {
 
 /**
  * @brief What fills halo slices outside the global sequence of T slices: the
- * four padding modes of torch.nn.Conv3d. A slot at global position g < 0 or
- * g >= T takes the value of the global slice: replicate clamp(g, 0, T-1);
- * reflect -g or 2(T-1)-g (the edge slice not repeated; needs left, right < T);
- * circular g mod T (needs left, right <= T). The source may be on any rank.
- * A plan whose halos the global length cannot serve fails creation with
- * HALO_ERR_INVALID_ARGUMENT; ranks that disagree on the mode get
- * HALO_ERR_MISMATCH.
+ * padding modes of torch.nn.Conv3d. Rank r's padded output is F.pad of the
+ * gathered sequence along dim, sliced to its shard and halos: a slot at
+ * global position g < 0 or g >= T shows slice clamp(g, 0, T-1) (replicate),
+ * -g or 2(T-1)-g (reflect: the edge slice is not repeated) or g mod T
+ * (circular). The source may be on any rank, the caller's own included.
+ * Reflect needs left, right < T, circular left, right <= T, replicate T > 0:
+ * otherwise plan creation fails with HALO_ERR_INVALID_ARGUMENT naming the
+ * mode, the halos and T. Ranks that disagree get HALO_ERR_MISMATCH.
  *
- * Gradients (not zeros): a slot's gradient is added to the slice it was
- * copied from, and grad_x equals torch's F.pad backward applied to the
- * gathered padded gradient, bit for bit. That gathered gradient sums every
- * rank's contribution to a slot in a fixed order: the owner's own, then the
- * ranks to its right nearest first, then those to its left nearest first; a
- * slot beyond an end has no owner and sums its ranks nearest that end first.
- * F.pad's backward (torch 1.13, CPU) then adds, starting from +0: replicate
- * every slot that maps to a slice in increasing position; reflect the left
- * slot, the slice's own, then the right slot; circular the slice's own, the
- * right slot, then the left one. float16/bfloat16 add in float32, rounding
- * after each addition.
+ * Backward (modes other than zeros): each slot's gradient is added to the
+ * slice it was copied from, so that grad_x is bit-identical to torch 1.13's
+ * CPU F.pad backward of the gathered padded gradient. That gradient sums the
+ * ranks' grad_out at each position: the owner's own, then the ranks to its
+ * right nearest first, then those to its left; a slot beyond an end, the
+ * ranks nearest that end first. F.pad's backward then adds: replicate and
+ * reflect, from +0, every position showing a slice in increasing position
+ * (replicate's left slots summed first); circular, the slice's own, then the
+ * right slot (+0 where a right halo exists but the slice is not its source),
+ * then the left slot (likewise). float16 and bfloat16 add in float32 and
+ * round after each addition, in that order.
  */
 typedef enum halo_padding {
     HALO_PAD_ZEROS     = 0, /**< zeros, no gradient (the reference) */
@@ -154,7 +155,8 @@ enum {
  * elements; unset strides mean contiguous. out and grad_out have x's shape
  * with left + right more slices along dim; grad_out's strides default to
  * out's, grad_x's to x's. Shards may differ in length along dim between
- * ranks; every other field must agree on all ranks.
+ * ranks; every other field must agree on all ranks. padding (zeros unless
+ * HALO_PLAN_PARAM_PADDING is set) fills the slots beyond the sequence's ends.
  *
  * A halos-only plan (halos_only = 1) has no padded tensors: its forward
  * writes the left and right halos into tensors of their own (x's shape with

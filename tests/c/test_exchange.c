@@ -306,16 +306,17 @@ static uint64_t gathered_grad(const tcase *c, int64_t g, const int64_t *idx) {
 }
 
 /* grad_x at global slice P under a padding mode other than zeros: torch's
- * F.pad backward of the gathered gradient, from +0: replicate and reflect
- * add every position showing P in increasing order, circular P's own
- * gradient, then its right slot, then its left one. */
+ * F.pad backward of the gathered gradient. Replicate and reflect: from +0,
+ * every position showing P in increasing order. Circular: P's own gradient,
+ * then the backward of the right copy (its slots at their sources, zero
+ * elsewhere), then the left copy's likewise. */
 static uint64_t padded_grad(const tcase *c, int64_t P, const int64_t *idx) {
     int64_t N = c->off[g_world];
     uint64_t v = 0;
     if (c->pad == HALO_PAD_CIRCULAR) {
-        int64_t gs[3] = {P, P + N, P - N};
-        for (int i = 0; i < 3; i++)
-            if (gs[i] >= -c->L && gs[i] < N + c->R) v = add_bits(c->dtype, v, gathered_grad(c, gs[i], idx));
+        v = gathered_grad(c, P, idx);
+        if (c->R > 0) v = add_bits(c->dtype, v, P < c->R ? gathered_grad(c, P + N, idx) : 0);
+        if (c->L > 0) v = add_bits(c->dtype, v, P >= N - c->L ? gathered_grad(c, P - N, idx) : 0);
         return v;
     }
     for (int64_t g = -c->L; g < N + c->R; g++)

@@ -16,7 +16,7 @@ import pytest
 from launcher import REPO, expect_scenario, launch
 
 HERE = Path(__file__).resolve().parent
-SCENARIOS = ["exchange", "conv", "gradcheck", "errors", "timeout"]
+SCENARIOS = ["exchange", "padding", "conv", "gradcheck", "errors", "timeout"]
 
 
 @pytest.fixture(scope="module", params=[2, 3, 4], ids=lambda w: f"W{w}")
@@ -30,6 +30,12 @@ def test_ranks(ranks, scenario):
     """Every rank reports the scenario ok (the first failure ends a rank, so
     later scenarios then report nothing)."""
     expect_scenario(ranks, scenario)
+
+
+def test_padding_one_rank():
+    """The padding modes on a rank that is its own neighbour."""
+    ranks = launch(HERE / "ranks.py", 1, ["padding"], timeout=100)
+    assert ranks[0].returncode == 0 and "RESULT padding ok" in ranks[0].stdout, report(ranks)
 
 
 def _python(code: str, **env) -> subprocess.CompletedProcess:
