@@ -315,7 +315,7 @@ class _NoOutput(torch.autograd.Function):
                 None if bias is None else torch.zeros_like(bias), None)
 
 
-_CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
+_CONV = {2: F.conv2d, 3: F.conv3d}
 
 
 def _sharded_conv(layer, x, pads, sharded):
