@@ -183,33 +183,15 @@ func OraclePadding(d DType, xs, grads []Logical, dim int, L, R int64, mode Paddi
 		off[r+1] = off[r] + xs[r].Shape[dim]
 	}
 	N := off[W]
-	// valueAt returns the global element at position P along dim with the
-	// other coordinates taken from idx.
-	valueAt := func(P int64, idx []int64) uint64 {
-		for q := 0; q < W; q++ {
-			if P >= off[q] && P < off[q+1] {
-				j := append([]int64(nil), idx...)
-				j[dim] = P - off[q]
-				return xs[q].Bits[OffsetOf(j, ContiguousStrides(xs[q].Shape))]
-			}
+	outs = oracleOuts(xs, dim, L, R, func(g int64) int64 {
+		if g >= 0 && g < N {
+			return g
 		}
-		panic("no owner")
-	}
+		return -1
+	})
 	for r := 0; r < W; r++ {
 		n := xs[r].Shape[dim]
-		oshape := append([]int64(nil), xs[r].Shape...)
-		oshape[dim] += L + R
-		out := Logical{Shape: oshape, Bits: make([]uint64, Numel(oshape))}
-		idx := make([]int64, len(oshape))
-		for i := range out.Bits {
-			Unravel(oshape, int64(i), idx)
-			P := off[r] - L + idx[dim]
-			if P >= 0 && P < N {
-				out.Bits[i] = valueAt(P, idx)
-			}
-		}
-		outs = append(outs, out)
-
+		idx := make([]int64, len(xs[r].Shape))
 		gx := Logical{Shape: xs[r].Shape, Bits: make([]uint64, Numel(xs[r].Shape))}
 		for i := range gx.Bits {
 			Unravel(xs[r].Shape, int64(i), idx[:len(xs[r].Shape)])
@@ -244,6 +226,34 @@ func OraclePadding(d DType, xs, grads []Logical, dim int, L, R int64, mode Paddi
 		gradXs = append(gradXs, gx)
 	}
 	return
+}
+
+// oracleOuts is every rank's forward output: padded global position g shows
+// global slice src(g), or zero where that is -1.
+func oracleOuts(xs []Logical, dim int, L, R int64, src func(g int64) int64) (outs []Logical) {
+	off := []int64{0}
+	for r := range xs {
+		off = append(off, off[r]+xs[r].Shape[dim])
+	}
+	for r := range xs {
+		oshape := append([]int64(nil), xs[r].Shape...)
+		oshape[dim] += L + R
+		out := Logical{Shape: oshape, Bits: make([]uint64, Numel(oshape))}
+		idx := make([]int64, len(oshape))
+		for i := range out.Bits {
+			Unravel(oshape, int64(i), idx)
+			s := src(off[r] - L + idx[dim])
+			for q := range xs {
+				if s >= off[q] && s < off[q+1] {
+					j := append([]int64(nil), idx...)
+					j[dim] = s - off[q]
+					out.Bits[i] = xs[q].Bits[OffsetOf(j, ContiguousStrides(xs[q].Shape))]
+				}
+			}
+		}
+		outs = append(outs, out)
+	}
+	return outs
 }
 
 func oracleModes(d DType, xs, grads []Logical, dim int, L, R int64, mode Padding) (outs, gradXs []Logical) {
@@ -318,17 +328,9 @@ func oracleModes(d DType, xs, grads []Logical, dim int, L, R int64, mode Padding
 		}
 		return v
 	}
+	outs = oracleOuts(xs, dim, L, R, src)
 	for r := 0; r < W; r++ {
-		oshape := append([]int64(nil), xs[r].Shape...)
-		oshape[dim] += L + R
-		out := Logical{Shape: oshape, Bits: make([]uint64, Numel(oshape))}
-		idx := make([]int64, len(oshape))
-		for i := range out.Bits {
-			Unravel(oshape, int64(i), idx)
-			s := src(off[r] - L + idx[dim])
-			out.Bits[i] = at(xs[owner(s)], off[owner(s)], s, idx)
-		}
-		outs = append(outs, out)
+		idx := make([]int64, len(xs[r].Shape))
 		gx := Logical{Shape: xs[r].Shape, Bits: make([]uint64, Numel(xs[r].Shape))}
 		for i := range gx.Bits {
 			Unravel(xs[r].Shape, int64(i), idx)

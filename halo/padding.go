@@ -252,7 +252,7 @@ func (p *Plan) buildPadding(l layoutPlan, fside, bside [2]region, xr, gxr region
 		}
 		return sideRight
 	}
-	// Where torch's backward adds +0 (zeroSpan), so do we; +0 commutes
+	// Where torch's backward adds +0 (zeroSpans), so do we; +0 commutes
 	// bitwise with the other additions, so it runs while the wire works.
 	for _, z := range zeroSpans(s.Padding, L, s.Right, l.part.total) {
 		if lo, hi := max(z[0], off), min(z[1], off+n); lo < hi {
@@ -289,10 +289,7 @@ func (p *Plan) buildPadding(l layoutPlan, fside, bside [2]region, xr, gxr region
 				return err
 			}
 			bops.add(op)
-		default: // pc.owner == me: our slices fill another rank's slots
-			if pc.owner != me {
-				continue
-			}
+		case pc.owner == me: // our slices fill another rank's slots
 			op, err := p.sendOp(f, l, xr, pos(lo), pos(hi), pc.dst, ftag)
 			if err != nil {
 				return err
