@@ -26,6 +26,8 @@ func abiMismatches() []string {
 		{"HALO_FLOAT16", C.HALO_FLOAT16, int64(halo.Float16)},
 		{"HALO_BFLOAT16", C.HALO_BFLOAT16, int64(halo.BFloat16)},
 		{"HALO_PAD_ZEROS", C.HALO_PAD_ZEROS, int64(halo.PadZeros)},
+		{"HALO_MEMORY_HOST", C.HALO_MEMORY_HOST, int64(halo.MemoryHost)},
+		{"HALO_MEMORY_CUDA", C.HALO_MEMORY_CUDA, int64(halo.MemoryCUDA)},
 		{"HALO_BOOTSTRAP_RENDEZVOUS", C.HALO_BOOTSTRAP_RENDEZVOUS, int64(comm.BootstrapRendezvous)},
 		{"HALO_BOOTSTRAP_EXTERNAL", C.HALO_BOOTSTRAP_EXTERNAL, int64(comm.BootstrapExternal)},
 	}

@@ -25,6 +25,7 @@ type Transport struct {
 	connected  bool
 	addr       []byte
 	batches    map[*Batch]struct{} // open batches, closed with the transport
+	memoryTypes uint64             // bit set of ucs_memory_type_t (ucp_context_query)
 }
 
 // Rank is this transport's rank in its group.

@@ -1,4 +1,4 @@
-"""ctypes binding of libhalo's C ABI (include/halo.h, version 0.2).
+"""ctypes binding of libhalo's C ABI (include/halo.h, version 0.3).
 
 Only this module knows the shape of the C structs and the signatures; the rest
 of the package calls the small helpers at the bottom.
@@ -11,10 +11,10 @@ import os
 import threading
 from pathlib import Path
 
-# The ABI this module was written against: include/halo.h 0.2. These values
+# The ABI this module was written against: include/halo.h 0.3. These values
 # and the structs below are copies of the header; tests/python/test_abi.py
 # checks them against it.
-ABI_MAJOR, ABI_MINOR = 0, 2
+ABI_MAJOR, ABI_MINOR = 0, 3
 
 # halo_result_t
 SUCCESS = 0
@@ -34,6 +34,9 @@ FLOAT32, FLOAT64, FLOAT16, BFLOAT16 = 0, 1, 2, 3
 
 # halo_padding_t
 PAD_ZEROS = 0
+
+# halo_memory_type_t
+MEMORY_HOST, MEMORY_CUDA = 0, 1
 
 # halo_bootstrap_t
 BOOTSTRAP_RENDEZVOUS, BOOTSTRAP_EXTERNAL = 0, 1
@@ -57,6 +60,7 @@ PLAN_PARAM_LEFT_STRIDES = 1 << 6
 PLAN_PARAM_RIGHT_STRIDES = 1 << 7
 PLAN_PARAM_GRAD_LEFT_STRIDES = 1 << 8
 PLAN_PARAM_GRAD_RIGHT_STRIDES = 1 << 9
+PLAN_PARAM_MEMORY_TYPE = 1 << 10
 
 # halo_direction_t
 DIR_FORWARD, DIR_BACKWARD = 0, 1
@@ -112,6 +116,7 @@ class PlanParams(ctypes.Structure):
         ("right_strides", _Int64Array),
         ("grad_left_strides", _Int64Array),
         ("grad_right_strides", _Int64Array),
+        ("memory_type", ctypes.c_int),
     ]
 
 
@@ -206,6 +211,7 @@ def _declare(lib: ctypes.CDLL) -> None:
             for start in ("", "_start")
         },
         "halo_plan_destroy": ([vp], c_int),
+        "halo_comm_memory_types": ([vp, ctypes.POINTER(ctypes.c_uint64)], c_int),
     }
     for name, (args, res) in sigs.items():
         fn = getattr(lib, name)
@@ -238,7 +244,7 @@ def lib() -> ctypes.CDLL:
 
 
 def version() -> str:
-    """The loaded library's version string, e.g. "0.2.0"."""
+    """The loaded library's version string, e.g. "0.3.0"."""
     return lib().halo_version_string().decode()
 
 
