@@ -77,7 +77,10 @@ func TestCUDAPlanIsHalosOnlyAndAgreed(t *testing.T) {
 func TestCUDAPlanRefusesSlicesSentTwice(t *testing.T) {
 	// Left halos of 3 over shards of 2: rank 0's slices go to ranks 1 and 2;
 	// shards of 2 with halos 1 + 2: one slice goes both ways.
-	for _, c := range []struct{ L, R int64 }{{3, 0}, {1, 2}} {
+	for _, c := range []struct {
+		L, R int64
+		want string
+	}{{3, 0, "sent at most once"}, {1, 2, "left + right no longer than any shard"}} {
 		hub := halotest.NewMemHub(3)
 		hub.MovesCUDA(0, 1, 2)
 		errs := halotest.Ranks(3, func(r int) error {
@@ -89,7 +92,7 @@ func TestCUDAPlanRefusesSlicesSentTwice(t *testing.T) {
 			return err
 		})
 		for r, err := range errs {
-			if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "sent at most once") {
+			if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), c.want) {
 				t.Errorf("L=%d R=%d: rank %d: %v", c.L, c.R, r, err)
 			}
 		}

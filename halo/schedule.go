@@ -331,8 +331,14 @@ const maxDirectSegments = 1 << 16
 // belongs instead of adding it, so two of them must not meet on one slice.
 // Every rank checks every rank's messages, so all of them fail alike.
 func (p *Plan) sentOnce(l layoutPlan) error {
-	for q := range l.part.n {
-		out := l.part.outgoing(q, l.spec.Left, l.spec.Right)
+	L, R := l.spec.Left, l.spec.Right
+	for q, n := range l.part.n {
+		if min(L, n)+min(R, n) > n {
+			// The caller's additions of the two sides would meet.
+			return fmt.Errorf("%w: rank %d: plan %d: rank %d's shard of %d slices is shorter than its halos (%d + %d): a plan over %v memory needs left + right no longer than any shard; stage such layouts through a host plan",
+				ErrInvalid, p.g.Rank(), p.id, q, n, L, R, l.spec.Memory)
+		}
+		out := l.part.outgoing(q, L, R)
 		for i, a := range out {
 			for _, b := range out[i+1:] {
 				if max(a.lo, b.lo) < min(a.hi, b.hi) {

@@ -9,7 +9,7 @@ import operator
 import torch
 from torch import Tensor
 
-from . import _inflight, _lib
+from . import _cuda, _inflight, _lib
 from ._comm import communicator, halo_dtype
 from ._inflight import Exchange
 from ._lib import HaloError
@@ -31,11 +31,8 @@ def _check(x, left, right, dim, what: str):
         raise HaloError(_lib.ERR_INVALID_ARGUMENT, f"halocp: {what} must be a torch.Tensor, not {type(x).__name__}")
     if x.layout != torch.strided:
         raise HaloError(_lib.ERR_INVALID_ARGUMENT, f"halocp: {what} must be a strided (dense) tensor, not {x.layout}")
-    if x.device.type != "cpu":
-        raise HaloError(
-            _lib.ERR_INVALID_ARGUMENT,
-            f"halocp: {what} is on {x.device}, but this libhalo exchanges CPU memory only (no CUDA support)",
-        )
+    if x.device.type not in ("cpu", "cuda"):
+        raise HaloError(_lib.ERR_INVALID_ARGUMENT, f"halocp: {what} is on {x.device}: halocp exchanges CPU and CUDA tensors")
     try:
         left, right, dim = operator.index(left), operator.index(right), operator.index(dim)
     except TypeError as e:
@@ -140,6 +137,8 @@ def cp_halo_exchange(x: Tensor, left_size: int, right_size: int, dim: int, group
     ``x`` itself. Failures raise :class:`halocp.HaloError`.
     """
     left, right, dim = _check(x, left_size, right_size, dim, "x")
+    if _cuda.wanted(x):
+        return _cuda.cp_halo_exchange(x, left, right, dim, group)
     if left == 0 and right == 0:
         return x
     if x.requires_grad and torch.is_grad_enabled():
@@ -203,6 +202,8 @@ def halo_exchange_(padded: Tensor, left_size: int, right_size: int, dim: int, gr
     ``padded`` may have any non-overlapping strides.
     """
     left, right, dim = _check(padded, left_size, right_size, dim, "padded")
+    if _cuda.wanted(padded):
+        return _cuda.halo_exchange_(padded, left, right, dim, group)
     if left == 0 and right == 0:
         return padded
     return _HaloExchangeInPlace.apply(padded, left, right, dim, group)
@@ -262,6 +263,8 @@ def cp_halo_exchange_start(x: Tensor, left_size: int, right_size: int, dim: int,
     that layout meanwhile.
     """
     left, right, dim = _check(x, left_size, right_size, dim, "x")
+    if _cuda.wanted(x):  # exchanged now: the wait only hands the result over
+        return _finished(_cuda.cp_halo_exchange(x, left, right, dim, group))
     if left == 0 and right == 0:
         return _finished(x)
     if x.is_neg():
@@ -285,6 +288,8 @@ def halo_exchange_start_(padded: Tensor, left_size: int, right_size: int, dim: i
     its halos nor write its interior. Differentiable as :func:`halo_exchange_`
     when ``padded`` requires grad and grad mode is on at start."""
     left, right, dim = _check(padded, left_size, right_size, dim, "padded")
+    if _cuda.wanted(padded):
+        return _finished(_cuda.halo_exchange_(padded, left, right, dim, group))
     if left == 0 and right == 0:
         return _finished(padded)
     record = _recording(padded)
@@ -339,18 +344,24 @@ def plan_halos(x: Tensor, left, right, dim, group, grad_strides=None):
     if grad_strides is None:
         grad_strides = halo_strides + (_contiguous_strides(shape),)
 
-    def params():
-        p = _params(x.dtype, shape, dim, left, right, strides, None, None)
-        p.halos_only = 1
-        arrays = [_lib.int64_array(s) for s in halo_strides + tuple(grad_strides)]
-        p._keep += arrays
-        p.left_strides, p.right_strides, p.grad_left_strides, p.grad_right_strides, p.grad_x_strides = arrays
-        p.field_mask |= (_lib.PLAN_PARAM_HALOS_ONLY | _lib.PLAN_PARAM_LEFT_STRIDES | _lib.PLAN_PARAM_RIGHT_STRIDES
-                         | _lib.PLAN_PARAM_GRAD_LEFT_STRIDES | _lib.PLAN_PARAM_GRAD_RIGHT_STRIDES
-                         | _lib.PLAN_PARAM_GRAD_X_STRIDES)
-        return p
+    return _lookup(group, ("halos", x.dtype, dim, left, right, shape, strides, tuple(grad_strides)),
+                   lambda: halos_params(x, left, right, dim, grad_strides))
 
-    return _lookup(group, ("halos", x.dtype, dim, left, right, shape, strides, tuple(grad_strides)), params)
+
+def halos_params(x: Tensor, left, right, dim, grad_strides):
+    """halo_plan_params_t of plan_halos: contiguous halos; grad_strides are
+    those of (grad_left, grad_right, grad_x)."""
+    shape = tuple(x.shape)
+    halo_strides = tuple(_contiguous_strides(_halo_shape(shape, dim, k)) for k in (left, right))
+    p = _params(x.dtype, shape, dim, left, right, x.stride(), None, None)
+    p.halos_only = 1
+    arrays = [_lib.int64_array(s) for s in halo_strides + tuple(grad_strides)]
+    p._keep += arrays
+    p.left_strides, p.right_strides, p.grad_left_strides, p.grad_right_strides, p.grad_x_strides = arrays
+    p.field_mask |= (_lib.PLAN_PARAM_HALOS_ONLY | _lib.PLAN_PARAM_LEFT_STRIDES | _lib.PLAN_PARAM_RIGHT_STRIDES
+                     | _lib.PLAN_PARAM_GRAD_LEFT_STRIDES | _lib.PLAN_PARAM_GRAD_RIGHT_STRIDES
+                     | _lib.PLAN_PARAM_GRAD_X_STRIDES)
+    return p
 
 
 def _empty_halos(x: Tensor, left, right, dim):
@@ -404,6 +415,8 @@ def halos(x: Tensor, left_size: int, right_size: int, dim: int, group=None) -> t
     arguments and errors of :func:`cp_halo_exchange`.
     """
     left, right, dim = _check(x, left_size, right_size, dim, "x")
+    if _cuda.wanted(x):
+        return _cuda.halos(x, left, right, dim, group)
     if x.is_neg():
         x = x.resolve_neg()
     if left == 0 and right == 0:
@@ -421,6 +434,8 @@ def halos_start(x: Tensor, left_size: int, right_size: int, dim: int, group=None
     Until the wait the exchange owns ``x`` (do not modify it). Differentiable
     as :func:`halos` when ``x`` requires grad and grad mode is on at start."""
     left, right, dim = _check(x, left_size, right_size, dim, "x")
+    if _cuda.wanted(x):
+        return _finished(_cuda.halos(x, left, right, dim, group))
     if x.is_neg():
         x = x.resolve_neg()
     if left == 0 and right == 0:

@@ -86,7 +86,7 @@ def offsets(lengths):
 
 def oracle_forward(shards, r, left, right, dim):
     x = shards[r]
-    zeros = lambda k: torch.zeros(x.shape[:dim] + (k,) + x.shape[dim + 1:], dtype=x.dtype)
+    zeros = lambda k: torch.zeros(x.shape[:dim] + (k,) + x.shape[dim + 1:], dtype=x.dtype, device=x.device)
     padded = torch.cat([zeros(left)] + list(shards) + [zeros(right)], dim)
     lengths = [s.shape[dim] for s in shards]
     return padded.narrow(dim, offsets(lengths)[r], lengths[r] + left + right)

@@ -1,0 +1,336 @@
+"""CUDA tensors: the exchanges of exchange.py for tensors on a GPU.
+
+libhalo never touches GPU memory from the CPU: a plan over CUDA memory moves
+bytes only, and all local work (the interior copy, the zero halos beyond the
+sequence, the gradient additions) is torch's, on the tensor's device, on the
+current CUDA stream. Two paths, chosen per communicator at run time:
+
+- direct: the communicator's UCX moves CUDA memory (HPC-X, UCX built
+  --with-cuda; halo_comm_memory_types says so). A CUDA plan sends the
+  boundary slabs from a device buffer and receives the halos and the
+  neighbours' halo gradients into device buffers; torch adds the gradients
+  in the reference's order. Layouts a CUDA plan refuses (a slice sent to two
+  ranks: halos longer than a shard, or left + right longer than one) are
+  staged instead, on every rank alike.
+- staged: any other UCX (Debian's). The boundary slabs go device -> pinned
+  host buffer (the slabs only), a host plan exchanges them, and the halos go
+  host -> device. In the backward the boundary slices of x's gradient make
+  the same round trip and the host plan adds the neighbours' gradients into
+  them, in the order and dtype of the CPU path, so results are bit-identical
+  to it (and to the reference).
+
+Either way each layout keeps its buffers, laid out with dim outermost so
+that a slab is one contiguous run. Before a plan reads what torch wrote, the
+stream is synchronised (an event); what the plan wrote reaches the caller's
+tensors by copies on the current stream, so the next kernels on it see it.
+Pinned buffers are not rewritten before the copies out of them have run.
+
+CPU tensors take exchange.py's path, unless ``stage_cpu(True)`` routes them
+through the staging path here: the tests and the GPU check's dry run use it
+to run this code without a GPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+from collections import OrderedDict
+
+import torch
+from torch import Tensor
+
+from . import _inflight, _lib
+from ._comm import PLAN_CACHE_SIZE, communicator
+from ._lib import HaloError
+
+DIRECT, STAGED = "direct", "staged"
+
+_stage_cpu = False
+
+
+@contextlib.contextmanager
+def stage_cpu(on: bool = True):
+    """Within the block, CPU tensors take the staging path (as a GPU's would)."""
+    global _stage_cpu
+    before, _stage_cpu = _stage_cpu, on
+    try:
+        yield
+    finally:
+        _stage_cpu = before
+
+
+def wanted(t: Tensor) -> bool:
+    """Whether t's exchange is this module's."""
+    return t.device.type == "cuda" or (_stage_cpu and t.device.type == "cpu")
+
+
+def cuda_path(group=None) -> str:
+    """Which path CUDA tensors take on the group's communicator: ``"direct"``
+    (its UCX moves CUDA memory) or ``"staged"`` (through pinned host
+    buffers). Makes the communicator if it does not exist (collectively)."""
+    return _path(communicator(group))
+
+
+def _path(comm) -> str:
+    path = comm.__dict__.get("_halocp_cuda_path")
+    if path is None:
+        types = ctypes.c_uint64(0)
+        _lib.check(_lib.lib().halo_comm_memory_types(comm.handle, ctypes.byref(types)), "halo_comm_memory_types")
+        path = DIRECT if types.value >> _lib.MEMORY_CUDA & 1 else STAGED
+        comm.__dict__["_halocp_cuda_path"] = path
+    return path
+
+
+# ------------------------------------------------------------------ layouts
+
+
+def _outermost(shape, dim, **kw) -> Tensor:
+    """An empty tensor of shape whose dim is outermost in memory: a range of
+    slices along dim is one contiguous run."""
+    s = list(shape)
+    n = s.pop(dim)
+    return torch.empty([n] + s, **kw).movedim(0, dim)
+
+
+def _halo_shape(shape, dim, k):
+    s = list(shape)
+    s[dim] = k
+    return s
+
+
+class _Layout:
+    """One layout's plan and buffers. ``memory`` says where the buffers live
+    and which plan moves them: the device for a CUDA plan (direct), pinned
+    host memory for a host plan (staged)."""
+
+    def __init__(self, comm, x: Tensor, left, right, dim, direct: bool):
+        self.comm, self.left, self.right, self.dim = comm, left, right, dim
+        self.n = n = x.shape[dim]
+        self.direct = direct
+        self.device = x.device
+        self.cuda = x.device.type == "cuda"
+        kw = {"dtype": x.dtype}
+        if direct:
+            kw["device"] = x.device
+        elif self.cuda:
+            kw["pin_memory"] = True
+        # The slices x sends: its first `right` (to the left neighbours'
+        # right halos) and its last `left`, clamped to the shard.
+        self.r_sent, self.l_sent = min(right, n), min(left, n)
+        self.x = _outermost(x.shape, dim, **kw)
+        self.gx = _outermost(x.shape, dim, **kw)
+        self.lh = torch.empty(_halo_shape(x.shape, dim, left), **kw)
+        self.rh = torch.empty(_halo_shape(x.shape, dim, right), **kw)
+        self.gl = torch.empty_like(self.lh)
+        self.gr = torch.empty_like(self.rh)
+        self.plan = self._plan()
+        # Copies out of pinned buffers still to run before they are rewritten.
+        self.fwd_read = self.bwd_read = None
+
+    def _plan(self):
+        from .exchange import halos_params
+
+        cs = lambda t: tuple(t.stride())  # noqa: E731
+        key = ("cuda" if self.direct else "staged", self.x.dtype, self.dim, self.left, self.right,
+               tuple(self.x.shape), cs(self.x), cs(self.gx))
+
+        def params():
+            p = halos_params(self.x, self.left, self.right, self.dim, (cs(self.gl), cs(self.gr), cs(self.gx)))
+            if self.direct:
+                p.field_mask |= _lib.PLAN_PARAM_MEMORY_TYPE
+                p.memory_type = _lib.MEMORY_CUDA
+            return p
+
+        _inflight.settle(self.comm)
+        return self.comm.plan(key, params)
+
+    def _slabs(self, t: Tensor):
+        """The slices of x's layout that the exchange reads or writes: one
+        range when they meet, else the first and the last."""
+        n, r, l = self.n, self.r_sent, self.l_sent
+        if r + l >= n:
+            return [t.narrow(self.dim, 0, n)] if n else []
+        return [s for s in (t.narrow(self.dim, 0, r), t.narrow(self.dim, n - l, l)) if s.shape[self.dim]]
+
+    def _ready(self):
+        """Everything queued on the current stream so far has run: the
+        buffers hold what torch wrote."""
+        if self.cuda:
+            torch.cuda.current_stream(self.device).synchronize()
+
+    def _reads_queued(self):
+        if self.cuda and not self.direct:
+            e = torch.cuda.Event()
+            e.record(torch.cuda.current_stream(self.device))
+            return e
+        return None
+
+    def halos_into(self, x: Tensor, left: Tensor, right: Tensor) -> None:
+        """Write x's halos into left and right (tensors on x's device)."""
+        if self.fwd_read is not None:
+            self.fwd_read.synchronize()
+        for dst, src in zip(self._slabs(self.x), self._slabs(x)):
+            dst.copy_(src, non_blocking=True)
+        if self.direct:  # a CUDA plan leaves the slices beyond the sequence alone
+            self.lh.zero_()
+            self.rh.zero_()
+        self._ready()
+        _inflight.run(self.plan, _inflight.HALOS_FORWARD, self.x, self.lh, self.rh)
+        left.copy_(self.lh, non_blocking=True)
+        right.copy_(self.rh, non_blocking=True)
+        self.fwd_read = self._reads_queued()
+
+    def add_grads(self, grad_left: Tensor, grad_right: Tensor, grad_x: Tensor) -> None:
+        """Send the halo gradients back and add the neighbours' into grad_x
+        (x's shape, on its device, holding the rest of x's gradient)."""
+        if self.bwd_read is not None:
+            self.bwd_read.synchronize()
+        self.gl.copy_(grad_left, non_blocking=True)
+        self.gr.copy_(grad_right, non_blocking=True)
+        mine, theirs = self._slabs(grad_x), self._slabs(self.gx)
+        for dst, src in zip(theirs, mine):
+            if self.direct:
+                dst.zero_()  # +0 where nothing arrives: the reference adds zeros there
+            else:
+                dst.copy_(src, non_blocking=True)
+        self._ready()
+        _inflight.run(self.plan, _inflight.HALOS_BACKWARD, self.gl, self.gr, self.gx)
+        if not self.direct:
+            for dst, src in zip(mine, theirs):
+                dst.copy_(src, non_blocking=True)
+            self.bwd_read = self._reads_queued()
+            return
+        # The reference's order: the right neighbour's gradient (x's last
+        # `left` slices), then the left neighbour's (its first `right`).
+        n, d = self.n, self.dim
+        grad_x.narrow(d, n - self.l_sent, self.l_sent).add_(self.gx.narrow(d, n - self.l_sent, self.l_sent))
+        grad_x.narrow(d, 0, self.r_sent).add_(self.gx.narrow(d, 0, self.r_sent))
+
+
+def _layout(x: Tensor, left, right, dim, group) -> _Layout:
+    """The layout of x's shape, dtype and device on group's communicator
+    (its plan made collectively on first use)."""
+    comm = communicator(group)
+    cache = comm.__dict__.setdefault("_halocp_cuda_layouts", OrderedDict())
+    key = (x.device, x.dtype, dim, left, right, tuple(x.shape))
+    lay = cache.get(key)
+    if lay is not None:
+        cache.move_to_end(key)
+        # The plan itself may have left the communicator's cache: look it up
+        # (a miss remakes it, collectively, on every rank alike).
+        lay.plan = lay._plan()
+        return lay
+    direct = x.device.type == "cuda" and _path(comm) == DIRECT
+    if direct:
+        try:
+            lay = _Layout(comm, x, left, right, dim, True)
+        except HaloError as e:
+            # Decided from what every rank agreed on: all of them stage it.
+            if e.code != _lib.ERR_INVALID_ARGUMENT:
+                raise
+            direct = False
+    if not direct:
+        lay = _Layout(comm, x, left, right, dim, False)
+    cache[key] = lay
+    if len(cache) > PLAN_CACHE_SIZE:
+        cache.popitem(last=False)
+    return lay
+
+
+# ------------------------------------------------------------------ autograd
+
+
+class _Padded(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, left, right, dim, group):
+        lay = _layout(x, left, right, dim, group)
+        n = x.shape[dim]
+        shape = list(x.shape)
+        shape[dim] += left + right
+        out = torch.empty(shape, dtype=x.dtype, device=x.device)
+        out.narrow(dim, left, n).copy_(x)
+        lay.halos_into(x, out.narrow(dim, 0, left), out.narrow(dim, left + n, right))
+        ctx.lay = lay
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        lay = ctx.lay
+        d, L, n = lay.dim, lay.left, lay.n
+        grad_x = g.narrow(d, L, n).clone(memory_format=torch.contiguous_format)
+        lay.add_grads(g.narrow(d, 0, L), g.narrow(d, L + n, lay.right), grad_x)
+        return grad_x, None, None, None, None
+
+
+class _Halos(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, left, right, dim, group):
+        lay = _layout(x, left, right, dim, group)
+        lh = torch.empty(_halo_shape(x.shape, dim, left), dtype=x.dtype, device=x.device)
+        rh = torch.empty(_halo_shape(x.shape, dim, right), dtype=x.dtype, device=x.device)
+        lay.halos_into(x, lh, rh)
+        ctx.lay = lay
+        ctx.shape = x.shape
+        return lh, rh
+
+    @staticmethod
+    def backward(ctx, gl, gr):
+        lay = ctx.lay
+        grad_x = torch.zeros(ctx.shape, dtype=lay.x.dtype, device=lay.device)
+        lay.add_grads(gl, gr, grad_x)
+        return grad_x, None, None, None, None
+
+
+class _InPlace(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, padded, left, right, dim, group):
+        n = padded.shape[dim] - left - right
+        x = padded.narrow(dim, left, n)
+        lay = _layout(x, left, right, dim, group)
+        lay.halos_into(x, padded.narrow(dim, 0, left), padded.narrow(dim, left + n, right))
+        ctx.mark_dirty(padded)
+        ctx.lay = lay
+        return padded
+
+    @staticmethod
+    def backward(ctx, g):
+        lay = ctx.lay
+        d, L, n, R = lay.dim, lay.left, lay.n, lay.right
+        grad = g.clone(memory_format=torch.contiguous_format)
+        lay.add_grads(g.narrow(d, 0, L), g.narrow(d, L + n, R), grad.narrow(d, L, n))
+        # The halo slots were overwritten in the forward pass: no gradient.
+        grad.narrow(d, 0, L).zero_()
+        grad.narrow(d, L + n, R).zero_()
+        return grad, None, None, None, None
+
+
+def _apply(fn, t: Tensor, *args):
+    if t.requires_grad and torch.is_grad_enabled():
+        return fn.apply(t, *args)
+    with torch.no_grad():
+        return fn.apply(t, *args)
+
+
+def cp_halo_exchange(x: Tensor, left, right, dim, group) -> Tensor:
+    if left == 0 and right == 0:
+        return x
+    return _apply(_Padded, x, left, right, dim, group)
+
+
+def halos(x: Tensor, left, right, dim, group):
+    if left == 0 and right == 0:
+        return tuple(torch.empty(_halo_shape(x.shape, dim, 0), dtype=x.dtype, device=x.device) for _ in "lr")
+    return _apply(_Halos, x, left, right, dim, group)
+
+
+def halo_exchange_(padded: Tensor, left, right, dim, group) -> Tensor:
+    if left == 0 and right == 0:
+        return padded
+    n = padded.shape[dim] - left - right
+    if n < 0:
+        raise HaloError(_lib.ERR_INVALID_ARGUMENT,
+                        f"halocp: padded has {padded.shape[dim]} slices along dim {dim}, fewer than its halos ({left} + {right})")
+    if padded.requires_grad and torch.is_grad_enabled() and padded.is_leaf:
+        raise HaloError(_lib.ERR_INVALID_ARGUMENT,
+                        "halocp: padded is a leaf that requires grad: it cannot be filled in place")
+    return _apply(_InPlace, padded, left, right, dim, group)
