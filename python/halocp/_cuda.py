@@ -152,6 +152,13 @@ class _Layout:
             return [t.narrow(self.dim, 0, n)] if n else []
         return [s for s in (t.narrow(self.dim, 0, r), t.narrow(self.dim, n - l, l)) if s.shape[self.dim]]
 
+    def _copy(self, dst: Tensor, src: Tensor) -> None:
+        """dst <- src on the current stream, one of them a slab of a buffer
+        with dim outermost: seen with dim first, that one is contiguous, so
+        a copy between host and device is one asynchronous memcpy (torch
+        makes the other side contiguous on the device first)."""
+        dst.movedim(self.dim, 0).copy_(src.movedim(self.dim, 0), non_blocking=True)
+
     def _ready(self):
         """Everything queued on the current stream so far has run: the
         buffers hold what torch wrote."""
@@ -170,7 +177,7 @@ class _Layout:
         if self.fwd_read is not None:
             self.fwd_read.synchronize()
         for dst, src in zip(self._slabs(self.x), self._slabs(x)):
-            dst.copy_(src, non_blocking=True)
+            self._copy(dst, src)
         if self.direct:  # a CUDA plan leaves the slices beyond the sequence alone
             self.lh.zero_()
             self.rh.zero_()
@@ -192,12 +199,12 @@ class _Layout:
             if self.direct:
                 dst.zero_()  # +0 where nothing arrives: the reference adds zeros there
             else:
-                dst.copy_(src, non_blocking=True)
+                self._copy(dst, src)
         self._ready()
         _inflight.run(self.plan, _inflight.HALOS_BACKWARD, self.gl, self.gr, self.gx)
         if not self.direct:
             for dst, src in zip(mine, theirs):
-                dst.copy_(src, non_blocking=True)
+                self._copy(dst, src)
             self.bwd_read = self._reads_queued()
             return
         # The reference's order: the right neighbour's gradient (x's last
