@@ -65,8 +65,16 @@ def scenario_memory():
     with _cuda.stage_cpu():
         staged = halocp.cp_halo_exchange(x, 2, 1, 0)
         expect(_cuda.wanted(x), "stage_cpu() does not route CPU tensors")
+        started = halocp.cp_halo_exchange_start(x, 2, 1, 0).wait()
+        lh, rh = halocp.halos_start(x, 2, 1, 0).wait()
+        padded = torch.zeros(8, 3, dtype=x.dtype)
+        padded.narrow(0, 2, 5).copy_(x)
+        filled = halocp.halo_exchange_start_(padded, 2, 1, 0).wait()
     expect(not _cuda.wanted(x), "stage_cpu() outlived its block")
-    ranks.expect_bits(staged, halocp.cp_halo_exchange(x, 2, 1, 0), "staged against the CPU path")
+    want = halocp.cp_halo_exchange(x, 2, 1, 0)
+    for got, what in ((staged, "cp_halo_exchange"), (started, "cp_halo_exchange_start"), (filled, "halo_exchange_start_"),
+                      (torch.cat([lh, x, rh]), "halos_start")):
+        ranks.expect_bits(got, want, f"staged {what} against the CPU path")
 
 
 def scenario_staged_exchange():
