@@ -14,20 +14,27 @@ func cudaSpec(rows, n, L, R int64) Spec {
 	return Spec{DType: Float32, Shape: []int64{rows, n}, Dim: 1, Left: L, Right: R, HalosOnly: true, Memory: MemoryCUDA}
 }
 
+// cudaPlans makes spec(r)'s plan on every rank of a fresh in-memory group
+// of w ranks whose transports move CUDA memory on the ranks in cuda, and
+// returns each rank's error.
+func cudaPlans(w int, cuda []int, spec func(rank int) Spec) []error {
+	hub := halotest.NewMemHub(w)
+	hub.MovesCUDA(cuda...)
+	return halotest.Ranks(w, func(r int) error {
+		g, err := NewGroup(hub.Transport(r), GroupOptions{})
+		if err != nil {
+			return err
+		}
+		_, err = g.NewPlan(spec(r))
+		return err
+	})
+}
+
 func TestCUDAPlanNeedsATransportThatMovesIt(t *testing.T) {
 	// Neither rank's transport moves CUDA memory, then only rank 1's: every
 	// rank fails alike, naming the ranks that cannot and what to do.
 	for _, cuda := range [][]int{nil, {1}} {
-		hub := halotest.NewMemHub(2)
-		hub.MovesCUDA(cuda...)
-		errs := halotest.Ranks(2, func(r int) error {
-			g, err := NewGroup(hub.Transport(r), GroupOptions{})
-			if err != nil {
-				return err
-			}
-			_, err = g.NewPlan(cudaSpec(2, 3, 1, 1))
-			return err
-		})
+		errs := cudaPlans(2, cuda, func(int) Spec { return cudaSpec(2, 3, 1, 1) })
 		want := "transport of ranks 0-1 cannot move cuda memory"
 		if cuda != nil {
 			want = "transport of rank 0 cannot move cuda memory"
@@ -53,19 +60,12 @@ func TestCUDAPlanIsHalosOnlyAndAgreed(t *testing.T) {
 		t.Errorf("memory type 7: %v", err)
 	}
 	// Ranks that disagree on the memory type are told so, all of them.
-	hub := halotest.NewMemHub(2)
-	hub.MovesCUDA(0, 1)
-	errs := halotest.Ranks(2, func(r int) error {
-		g, err := NewGroup(hub.Transport(r), GroupOptions{})
-		if err != nil {
-			return err
-		}
+	errs := cudaPlans(2, []int{0, 1}, func(r int) Spec {
 		s := cudaSpec(1, 4, 1, 1)
 		if r == 1 {
 			s.Memory = MemoryHost
 		}
-		_, err = g.NewPlan(s)
-		return err
+		return s
 	})
 	for r, err := range errs {
 		if !errors.Is(err, ErrMismatch) || !strings.Contains(err.Error(), "memory type: cuda on rank 0, host on rank 1") {
@@ -81,16 +81,7 @@ func TestCUDAPlanRefusesSlicesSentTwice(t *testing.T) {
 		L, R int64
 		want string
 	}{{3, 0, "sent at most once"}, {1, 2, "left + right no longer than any shard"}} {
-		hub := halotest.NewMemHub(3)
-		hub.MovesCUDA(0, 1, 2)
-		errs := halotest.Ranks(3, func(r int) error {
-			g, err := NewGroup(hub.Transport(r), GroupOptions{})
-			if err != nil {
-				return err
-			}
-			_, err = g.NewPlan(cudaSpec(1, 2, c.L, c.R))
-			return err
-		})
+		errs := cudaPlans(3, []int{0, 1, 2}, func(int) Spec { return cudaSpec(1, 2, c.L, c.R) })
 		for r, err := range errs {
 			if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), c.want) {
 				t.Errorf("L=%d R=%d: rank %d: %v", c.L, c.R, r, err)

@@ -95,6 +95,18 @@ def report(ranks: list[Rank]) -> str:
     return "\n".join(parts)
 
 
+def expect_scenario(ranks: list[Rank], scenario: str) -> None:
+    """Fail the test unless every rank printed "RESULT <scenario> ok" (the
+    first failure ends a rank, so later scenarios then report nothing)."""
+    import pytest
+
+    for r in ranks:
+        lines = [ln for ln in r.stdout.splitlines() if ln.startswith(f"RESULT {scenario} ")]
+        if not lines or not lines[0].startswith(f"RESULT {scenario} ok"):
+            pytest.fail(f"rank {r.rank} of {len(ranks)}: scenario {scenario} did not pass\n{report(ranks)}")
+    assert all(r.returncode == 0 for r in ranks), report(ranks)
+
+
 if __name__ == "__main__":  # python3 launcher.py W script [args...]
     result = launch(Path(sys.argv[2]), int(sys.argv[1]), sys.argv[3:])
     print(report(result))
