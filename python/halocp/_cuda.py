@@ -121,8 +121,8 @@ class _Layout:
         self.gx = _outermost(x.shape, dim, **kw)
         self.lh = torch.empty(_halo_shape(x.shape, dim, left), **kw)
         self.rh = torch.empty(_halo_shape(x.shape, dim, right), **kw)
-        self.gl = torch.empty_like(self.lh)
-        self.gr = torch.empty_like(self.rh)
+        self.gl = torch.empty(_halo_shape(x.shape, dim, left), **kw)  # not empty_like: it does not pin
+        self.gr = torch.empty(_halo_shape(x.shape, dim, right), **kw)
         self.plan = self._plan()
         # Copies out of pinned buffers still to run before they are rewritten.
         self.fwd_read = self.bwd_read = None

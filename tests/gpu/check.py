@@ -119,8 +119,11 @@ def rank_main(args) -> int:
             print(f"RESULT {name} FAIL {text}", flush=True)
             os._exit(1)  # the peers fail fast at their next collective
         print(f"RESULT {name} ok {time.monotonic() - t0:.1f}s {detail}", flush=True)
-    dist.destroy_process_group()
-    return status
+    # No destroy_process_group: a NCCL group that failed to start may hang
+    # in its teardown. Every peer is done with the store by now.
+    dist.barrier()
+    sys.stdout.flush()
+    os._exit(status)
 
 
 def _cases(world):
@@ -220,16 +223,15 @@ def _torch_exchange(torch, dist, x, L, R, dim, group, staged_dev=None):
     wire (gloo) sees CPU copies."""
     rank, world = dist.get_rank(), dist.get_world_size()
     n = x.shape[dim]
-    src = x if staged_dev is None else x.cpu()
-    zeros = lambda k: torch.zeros(src.shape[:dim] + (k,) + src.shape[dim + 1:], dtype=src.dtype, device=src.device)  # noqa: E731
+    wire = x.device if staged_dev is None else torch.device("cpu")
+    zeros = lambda k: torch.zeros(x.shape[:dim] + (k,) + x.shape[dim + 1:], dtype=x.dtype, device=wire)  # noqa: E731
+    slab = lambda lo, k: x.narrow(dim, lo, k).contiguous().to(wire)  # noqa: E731
     left, right = zeros(L), zeros(R)
     ops = []
     if rank > 0:
-        ops += [dist.P2POp(dist.isend, src.narrow(dim, 0, R).contiguous(), rank - 1, group),
-                dist.P2POp(dist.irecv, left, rank - 1, group)]
+        ops += [dist.P2POp(dist.isend, slab(0, R), rank - 1, group), dist.P2POp(dist.irecv, left, rank - 1, group)]
     if rank < world - 1:
-        ops += [dist.P2POp(dist.isend, src.narrow(dim, n - L, L).contiguous(), rank + 1, group),
-                dist.P2POp(dist.irecv, right, rank + 1, group)]
+        ops += [dist.P2POp(dist.isend, slab(n - L, L), rank + 1, group), dist.P2POp(dist.irecv, right, rank + 1, group)]
     for req in dist.batch_isend_irecv(ops):
         req.wait()
     if staged_dev is not None:
@@ -254,6 +256,7 @@ def timing(args, dev, rank, world) -> str:
     import torch.distributed as dist
 
     import halocp
+    from halocp import _cuda
 
     sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
     baseline, why = "gloo (CPU tensors)", ""
@@ -278,6 +281,9 @@ def timing(args, dev, rank, world) -> str:
         theirs = _time(lambda: _torch_exchange(torch, dist, x, 1, 1, 0, group, staged_dev), sync, warm, iters)
         rows.append({"halo": label, "bytes": cols * 4, "halocp_p50_us": ours[0], "halocp_p99_us": ours[1],
                      "baseline_p50_us": theirs[0], "baseline_p99_us": theirs[1], "iterations": iters})
+        if dev.type == "cpu":  # what staging costs: the same call on halocp's CPU path
+            with _cuda.stage_cpu(False):
+                rows[-1]["halocp_cpu_path_p50_us"] = _time(lambda: halocp.cp_halo_exchange(x, 1, 1, 0), sync, warm, iters)[0]
     # What one stream synchronisation costs (the staged path makes one per
     # direction before the host plan reads the slabs).
     sync_cost = None
@@ -294,6 +300,9 @@ def timing(args, dev, rank, world) -> str:
         for r in rows:
             print(f"  {r['halo']:>6} {r['bytes']:>9} {r['halocp_p50_us']:>11.1f} {r['halocp_p99_us']:>9.1f} "
                   f"{r['baseline_p50_us']:>13.1f} {r['baseline_p99_us']:>9.1f} {r['baseline_p50_us'] / r['halocp_p50_us']:>6.2f}")
+        for r in rows:
+            if "halocp_cpu_path_p50_us" in r:
+                print(f"# {r['halo']}: halocp's CPU path (no staging) in the same run: p50 {r['halocp_cpu_path_p50_us']:.1f} us")
         if sync_cost is not None:
             print(f"# one stream synchronisation after a tiny kernel: {sync_cost:.1f} us (median)")
         if args.json:

@@ -20,5 +20,7 @@ else
   export LD_LIBRARY_PATH=$bundle/lib:$bundle/lib/ucx${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
   export UCX_MODULE_DIR=$bundle/lib/ucx/modules
 fi
+# libhalo is loaded after torch's CUDA libraries: leave it static TLS to spare.
+export GLIBC_TUNABLES=${GLIBC_TUNABLES:-glibc.rtld.optional_static_tls=16384}
 cat "$bundle/MANIFEST"
 exec "${PYTHON:-python3}" "$here/check.py" "$@"
