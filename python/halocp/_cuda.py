@@ -126,6 +126,7 @@ class _Layout:
         self.plan = self._plan()
         # Copies out of pinned buffers still to run before they are rewritten.
         self.fwd_read = self.bwd_read = None
+        self.fwd = None  # the forward exchange started last: it owns the buffers until it finishes
 
     def _plan(self):
         from .exchange import halos_params
@@ -172,8 +173,14 @@ class _Layout:
             return e
         return None
 
-    def halos_into(self, x: Tensor, left: Tensor, right: Tensor) -> None:
-        """Write x's halos into left and right (tensors on x's device)."""
+    @torch.no_grad()  # buffers and results are the library's writes, not autograd's
+    def start_halos(self, x: Tensor) -> _inflight.Pending:
+        """Start the forward exchange of x's slabs; finish_halos hands the
+        halos over once it has finished."""
+        if self.fwd is not None and not self.fwd.finished:
+            # Refused before the buffers it still sends from are touched.
+            raise HaloError(_lib.ERR_INVALID_STATE, f"halocp: rank {self.comm.rank}: an exchange of this layout "
+                            f"(shape {tuple(self.x.shape)}, dim {self.dim}) is already in flight (wait for it first)")
         if self.fwd_read is not None:
             self.fwd_read.synchronize()
         for dst, src in zip(self._slabs(self.x), self._slabs(x)):
@@ -182,11 +189,25 @@ class _Layout:
             self.lh.zero_()
             self.rh.zero_()
         self._ready()
-        _inflight.run(self.plan, _inflight.HALOS_FORWARD, self.x, self.lh, self.rh)
-        left.copy_(self.lh, non_blocking=True)
-        right.copy_(self.rh, non_blocking=True)
-        self.fwd_read = self._reads_queued()
+        self.stream = torch.cuda.current_stream(self.device) if self.cuda else None
+        self.fwd = _inflight.start(self.plan, _inflight.HALOS_FORWARD, self.x, self.lh, self.rh)
+        return self.fwd
 
+    @torch.no_grad()
+    def finish_halos(self, left: Tensor, right: Tensor) -> None:
+        """Copy the halos of the finished exchange into left and right, on
+        the stream that started it."""
+        with torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext():
+            left.copy_(self.lh, non_blocking=True)
+            right.copy_(self.rh, non_blocking=True)
+            self.fwd_read = self._reads_queued()
+
+    def halos_into(self, x: Tensor, left: Tensor, right: Tensor) -> None:
+        """Write x's halos into left and right (tensors on x's device)."""
+        self.start_halos(x).finish(block=True)
+        self.finish_halos(left, right)
+
+    @torch.no_grad()
     def add_grads(self, grad_left: Tensor, grad_right: Tensor, grad_x: Tensor) -> None:
         """Send the halo gradients back and add the neighbours' into grad_x
         (x's shape, on its device, holding the rest of x's gradient)."""
@@ -217,6 +238,8 @@ class _Layout:
 def _layout(x: Tensor, left, right, dim, group) -> _Layout:
     """The layout of x's shape, dtype and device on group's communicator
     (its plan made collectively on first use)."""
+    if left < 0 or right < 0:  # before any buffer is sized by them
+        raise HaloError(_lib.ERR_INVALID_ARGUMENT, f"halocp: halo sizes must not be negative (left {left}, right {right})")
     comm = communicator(group)
     cache = comm.__dict__.setdefault("_halocp_cuda_layouts", OrderedDict())
     key = (x.device, x.dtype, dim, left, right, tuple(x.shape))
@@ -269,6 +292,20 @@ class _Padded(torch.autograd.Function):
         return grad_x, None, None, None, None
 
 
+class _PaddedDone(_Padded):
+    """The node of a started cp_halo_exchange, recorded at the wait (see
+    exchange.py's _HaloExchangeDone)."""
+
+    @staticmethod
+    def forward(ctx, x, done):
+        out, ctx.lay = done
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        return _Padded.backward(ctx, g)[0], None
+
+
 class _Halos(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, left, right, dim, group):
@@ -286,6 +323,18 @@ class _Halos(torch.autograd.Function):
         grad_x = torch.zeros(ctx.shape, dtype=lay.x.dtype, device=lay.device)
         lay.add_grads(gl, gr, grad_x)
         return grad_x, None, None, None, None
+
+
+class _HalosDone(_Halos):
+    @staticmethod
+    def forward(ctx, x, done):
+        lh, rh, ctx.lay = done
+        ctx.shape = x.shape
+        return lh, rh
+
+    @staticmethod
+    def backward(ctx, gl, gr):
+        return _Halos.backward(ctx, gl, gr)[0], None
 
 
 class _InPlace(torch.autograd.Function):
@@ -311,6 +360,18 @@ class _InPlace(torch.autograd.Function):
         return grad, None, None, None, None
 
 
+class _InPlaceDone(_InPlace):
+    @staticmethod
+    def forward(ctx, padded, lay):
+        ctx.mark_dirty(padded)
+        ctx.lay = lay
+        return padded
+
+    @staticmethod
+    def backward(ctx, g):
+        return _InPlace.backward(ctx, g)[0], None
+
+
 def _apply(fn, t: Tensor, *args):
     if t.requires_grad and torch.is_grad_enabled():
         return fn.apply(t, *args)
@@ -333,11 +394,81 @@ def halos(x: Tensor, left, right, dim, group):
 def halo_exchange_(padded: Tensor, left, right, dim, group) -> Tensor:
     if left == 0 and right == 0:
         return padded
-    n = padded.shape[dim] - left - right
-    if n < 0:
+    _check_padded(padded, left, right, dim)
+    return _apply(_InPlace, padded, left, right, dim, group)
+
+
+def _check_padded(padded: Tensor, left, right, dim) -> None:
+    if padded.shape[dim] - left - right < 0:
         raise HaloError(_lib.ERR_INVALID_ARGUMENT,
                         f"halocp: padded has {padded.shape[dim]} slices along dim {dim}, fewer than its halos ({left} + {right})")
-    if padded.requires_grad and torch.is_grad_enabled() and padded.is_leaf:
+    if _recording(padded) and padded.is_leaf:
         raise HaloError(_lib.ERR_INVALID_ARGUMENT,
                         "halocp: padded is a leaf that requires grad: it cannot be filled in place")
-    return _apply(_InPlace, padded, left, right, dim, group)
+
+
+# ------------------------------------------------------- asynchronous forms
+# The exchange starts at start (slabs staged, messages posted); the wait
+# finishes it, copies the halos into the result on the stream that started
+# it, and records the autograd node if the start asked for one.
+
+
+def _started(lay: _Layout, x: Tensor, fill, result, done_fn, done_args, record: bool):
+    """An Exchange over lay's forward exchange of x: fill() copies the
+    halos into place, result is what the wait returns (without a graph)."""
+    from ._inflight import Exchange
+
+    pending = lay.start_halos(x)
+
+    def finish():
+        fill()
+        if not record:
+            return result
+        with torch.enable_grad():
+            return done_fn.apply(*done_args)
+
+    return Exchange(pending, finish)
+
+
+def _recording(t: Tensor) -> bool:
+    return t.requires_grad and torch.is_grad_enabled()
+
+
+def cp_halo_exchange_start(x: Tensor, left, right, dim, group):
+    from ._inflight import Exchange
+
+    if left == 0 and right == 0:
+        return Exchange(None, lambda: x)
+    lay = _layout(x, left, right, dim, group)
+    n = x.shape[dim]
+    shape = list(x.shape)
+    shape[dim] += left + right
+    out = torch.empty(shape, dtype=x.dtype, device=x.device)
+    with torch.no_grad():  # the node recorded at the wait is x's only link
+        out.narrow(dim, left, n).copy_(x)
+    return _started(lay, x, lambda: lay.finish_halos(out.narrow(dim, 0, left), out.narrow(dim, left + n, right)),
+                    out, _PaddedDone, (x, (out, lay)), _recording(x))
+
+
+def halos_start(x: Tensor, left, right, dim, group):
+    from ._inflight import Exchange
+
+    if left == 0 and right == 0:
+        return Exchange(None, lambda: halos(x, 0, 0, dim, group))
+    lay = _layout(x, left, right, dim, group)
+    lh = torch.empty(_halo_shape(x.shape, dim, left), dtype=x.dtype, device=x.device)
+    rh = torch.empty(_halo_shape(x.shape, dim, right), dtype=x.dtype, device=x.device)
+    return _started(lay, x, lambda: lay.finish_halos(lh, rh), (lh, rh), _HalosDone, (x, (lh, rh, lay)), _recording(x))
+
+
+def halo_exchange_start_(padded: Tensor, left, right, dim, group):
+    from ._inflight import Exchange
+
+    if left == 0 and right == 0:
+        return Exchange(None, lambda: padded)
+    n = padded.shape[dim] - left - right
+    _check_padded(padded, left, right, dim)
+    x = padded.narrow(dim, left, n)
+    lay = _layout(x, left, right, dim, group)
+    return _started(lay, x, lambda: lay.finish_halos(padded.narrow(dim, 0, left), padded.narrow(dim, left + n, right)),
+                    padded, _InPlaceDone, (padded, lay), _recording(padded))

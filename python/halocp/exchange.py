@@ -263,8 +263,8 @@ def cp_halo_exchange_start(x: Tensor, left_size: int, right_size: int, dim: int,
     that layout meanwhile.
     """
     left, right, dim = _check(x, left_size, right_size, dim, "x")
-    if _cuda.wanted(x):  # exchanged now: the wait only hands the result over
-        return _finished(_cuda.cp_halo_exchange(x, left, right, dim, group))
+    if _cuda.wanted(x):
+        return _cuda.cp_halo_exchange_start(x, left, right, dim, group)
     if left == 0 and right == 0:
         return _finished(x)
     if x.is_neg():
@@ -289,7 +289,7 @@ def halo_exchange_start_(padded: Tensor, left_size: int, right_size: int, dim: i
     when ``padded`` requires grad and grad mode is on at start."""
     left, right, dim = _check(padded, left_size, right_size, dim, "padded")
     if _cuda.wanted(padded):
-        return _finished(_cuda.halo_exchange_(padded, left, right, dim, group))
+        return _cuda.halo_exchange_start_(padded, left, right, dim, group)
     if left == 0 and right == 0:
         return _finished(padded)
     record = _recording(padded)
@@ -435,7 +435,7 @@ def halos_start(x: Tensor, left_size: int, right_size: int, dim: int, group=None
     as :func:`halos` when ``x`` requires grad and grad mode is on at start."""
     left, right, dim = _check(x, left_size, right_size, dim, "x")
     if _cuda.wanted(x):
-        return _finished(_cuda.halos(x, left, right, dim, group))
+        return _cuda.halos_start(x, left, right, dim, group)
     if x.is_neg():
         x = x.resolve_neg()
     if left == 0 and right == 0:

@@ -161,7 +161,7 @@ def correctness(args, dev, rank, world) -> str:
                     if stream is not None:
                         stream.wait_stream(torch.cuda.current_stream(dev))
                     with ctx:
-                        got = _run_three(halocp, torch, shards[rank], grads[rank], L, R, dim, layout, random.Random(case_no))
+                        got = _run_four(halocp, torch, shards[rank], grads[rank], L, R, dim, layout, random.Random(case_no))
                     if stream is not None:
                         torch.cuda.current_stream(dev).wait_stream(stream)
                     n = lengths[rank]
@@ -171,7 +171,7 @@ def correctness(args, dev, rank, world) -> str:
                     for g, m in zip(zero_inside, lengths):
                         g.narrow(dim, L, m).zero_()
                     want_halos_gx = oracle_backward(zero_inside, lengths, rank, L, R, dim)
-                    out, gx, lh, rh, halos_gx, padded, inplace_gx = got
+                    out, gx, lh, rh, halos_gx, padded, inplace_gx, started, started_gx = got
                     expect_bits(out, want_out, f"{what}: cp_halo_exchange output")
                     expect_bits(gx, want_gx, f"{what}: cp_halo_exchange gradient")
                     expect_bits(lh, want_out.narrow(dim, 0, L), f"{what}: halos left")
@@ -179,9 +179,11 @@ def correctness(args, dev, rank, world) -> str:
                     expect_bits(halos_gx, want_halos_gx, f"{what}: halos gradient")
                     expect_bits(padded, want_out, f"{what}: halo_exchange_ output")
                     expect_bits(inplace_gx, want_gx, f"{what}: halo_exchange_ gradient")
+                    expect_bits(started, want_out, f"{what}: cp_halo_exchange_start output")
+                    expect_bits(started_gx, want_gx, f"{what}: cp_halo_exchange_start gradient")
                     ranks.expect(out.device == dev and gx.device == dev, f"{what}: results left {dev}")
                     checked += 1
-    return f"({checked} cases x 3 calls, forward and backward, bit for bit)"
+    return f"({checked} cases x 4 calls, forward and backward, bit for bit)"
 
 
 class _Null:
@@ -192,9 +194,9 @@ class _Null:
         return False
 
 
-def _run_three(halocp, torch, shard, grad, L, R, dim, layout, cfg):
-    """cp_halo_exchange, halos and halo_exchange_ with their backward, on the
-    current stream; the results are read on it."""
+def _run_four(halocp, torch, shard, grad, L, R, dim, layout, cfg):
+    """cp_halo_exchange, halos, halo_exchange_ and cp_halo_exchange_start
+    with their backward, on the current stream; the results are read on it."""
     from ranks import with_layout
 
     n = shard.shape[dim]
@@ -211,7 +213,13 @@ def _run_three(halocp, torch, shard, grad, L, R, dim, layout, cfg):
     padded = torch.cat([z(L), x3, z(R)], dim)
     halocp.halo_exchange_(padded, L, R, dim)
     padded.backward(grad)
-    return [t.detach().clone() for t in (out, x.grad, lh, rh, x2.grad, padded, x3.grad)]
+
+    x4 = shard.clone().requires_grad_(True)
+    h = halocp.cp_halo_exchange_start(x4, L, R, dim)
+    torch.mul(shard, 2)  # work on the stream while the halos travel
+    started = h.wait()
+    started.backward(grad)
+    return [t.detach().clone() for t in (out, x.grad, lh, rh, x2.grad, padded, x3.grad, started, x4.grad)]
 
 
 # ---------------------------------------------------------------- timing

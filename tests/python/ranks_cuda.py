@@ -81,13 +81,27 @@ def scenario_staged_exchange():
     """ranks.py's random layouts (uneven shards, halos longer than shards,
     any strides, every dtype) through the staging path."""
     with _cuda.stage_cpu():
-        ranks.scenario_exchange(cases=12)
+        ranks.scenario_exchange(cases=9)
+
+
+def scenario_staged_async():
+    """ranks_overlap.py's started exchanges, test() and misuse through the
+    staging path."""
+    with _cuda.stage_cpu():
+        ranks_overlap.scenario_async(cases=6)
+
+
+def scenario_staged_errors():
+    """ranks.py's bad calls through the staging path: the same errors, on
+    every rank, and the communicator still usable."""
+    with _cuda.stage_cpu():
+        ranks.scenario_errors()
 
 
 def scenario_staged_halos():
     """ranks_overlap.py's halos() cases and gradcheck through the staging path."""
     with _cuda.stage_cpu():
-        ranks_overlap.scenario_halos(cases=8)
+        ranks_overlap.scenario_halos(cases=6)
 
 
 if __name__ == "__main__":
