@@ -4,7 +4,7 @@
 
 Starts --world ranks (fresh interpreters) on this machine, all on GPU 0;
 torch.distributed's gloo group is only their bootstrap. Each rank checks
-cp_halo_exchange, halos and halo_exchange_ (forward and autograd backward)
+cp_halo_exchange, halos, halo_exchange_ and cp_halo_exchange_start (forward and autograd backward)
 on CUDA tensors for float32 and bfloat16 against the reference module's
 semantics computed on the GPU (tests/python/ranks.py's oracle), also on a
 side stream; then 2 KiB and 2 MiB halos are timed against the same exchange
