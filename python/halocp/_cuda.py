@@ -119,10 +119,12 @@ class _Layout:
         self.r_sent, self.l_sent = min(right, n), min(left, n)
         self.x = _outermost(x.shape, dim, **kw)
         self.gx = _outermost(x.shape, dim, **kw)
-        self.lh = torch.empty(_halo_shape(x.shape, dim, left), **kw)
-        self.rh = torch.empty(_halo_shape(x.shape, dim, right), **kw)
-        self.gl = torch.empty(_halo_shape(x.shape, dim, left), **kw)  # not empty_like: it does not pin
-        self.gr = torch.empty(_halo_shape(x.shape, dim, right), **kw)
+        # Every slab one run of memory: no I/O vectors, which UCX's CUDA
+        # protocols may not take, and one memcpy per staging copy.
+        self.lh = _outermost(_halo_shape(x.shape, dim, left), dim, **kw)
+        self.rh = _outermost(_halo_shape(x.shape, dim, right), dim, **kw)
+        self.gl = _outermost(_halo_shape(x.shape, dim, left), dim, **kw)
+        self.gr = _outermost(_halo_shape(x.shape, dim, right), dim, **kw)
         self.plan = self._plan()
         # Copies out of pinned buffers still to run before they are rewritten.
         self.fwd_read = self.bwd_read = None
@@ -132,11 +134,13 @@ class _Layout:
         from .exchange import halos_params
 
         cs = lambda t: tuple(t.stride())  # noqa: E731
-        key = ("cuda" if self.direct else "staged", self.x.dtype, self.dim, self.left, self.right,
-               tuple(self.x.shape), cs(self.x), cs(self.gx))
+        key = ("cuda" if self.direct else "staged", self.x.dtype, self.dim, self.left, self.right, tuple(self.x.shape))
 
         def params():
             p = halos_params(self.x, self.left, self.right, self.dim, (cs(self.gl), cs(self.gr), cs(self.gx)))
+            halos = [_lib.int64_array(cs(t)) for t in (self.lh, self.rh)]
+            p._keep += halos
+            p.left_strides, p.right_strides = halos
             if self.direct:
                 p.field_mask |= _lib.PLAN_PARAM_MEMORY_TYPE
                 p.memory_type = _lib.MEMORY_CUDA
@@ -154,7 +158,7 @@ class _Layout:
         return [s for s in (t.narrow(self.dim, 0, r), t.narrow(self.dim, n - l, l)) if s.shape[self.dim]]
 
     def _copy(self, dst: Tensor, src: Tensor) -> None:
-        """dst <- src on the current stream, one of them a slab of a buffer
+        """dst <- src on the current stream, one of them (a slab of) a buffer
         with dim outermost: seen with dim first, that one is contiguous, so
         a copy between host and device is one asynchronous memcpy (torch
         makes the other side contiguous on the device first)."""
@@ -167,7 +171,10 @@ class _Layout:
             torch.cuda.current_stream(self.device).synchronize()
 
     def _reads_queued(self):
-        if self.cuda and not self.direct:
+        """An event after the copies just queued out of the buffers: the
+        next exchange must not rewrite them (from the CPU, or by the wire
+        after synchronising another stream) before it has passed."""
+        if self.cuda:
             e = torch.cuda.Event()
             e.record(torch.cuda.current_stream(self.device))
             return e
@@ -198,8 +205,8 @@ class _Layout:
         """Copy the halos of the finished exchange into left and right, on
         the stream that started it."""
         with torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext():
-            left.copy_(self.lh, non_blocking=True)
-            right.copy_(self.rh, non_blocking=True)
+            self._copy(left, self.lh)
+            self._copy(right, self.rh)
             self.fwd_read = self._reads_queued()
 
     def halos_into(self, x: Tensor, left: Tensor, right: Tensor) -> None:
@@ -213,8 +220,8 @@ class _Layout:
         (x's shape, on its device, holding the rest of x's gradient)."""
         if self.bwd_read is not None:
             self.bwd_read.synchronize()
-        self.gl.copy_(grad_left, non_blocking=True)
-        self.gr.copy_(grad_right, non_blocking=True)
+        self._copy(self.gl, grad_left)
+        self._copy(self.gr, grad_right)
         mine, theirs = self._slabs(grad_x), self._slabs(self.gx)
         for dst, src in zip(theirs, mine):
             if self.direct:
@@ -233,6 +240,7 @@ class _Layout:
         n, d = self.n, self.dim
         grad_x.narrow(d, n - self.l_sent, self.l_sent).add_(self.gx.narrow(d, n - self.l_sent, self.l_sent))
         grad_x.narrow(d, 0, self.r_sent).add_(self.gx.narrow(d, 0, self.r_sent))
+        self.bwd_read = self._reads_queued()
 
 
 def _layout(x: Tensor, left, right, dim, group) -> _Layout:
