@@ -131,27 +131,17 @@ class _Layout:
         self.fwd = None  # the forward exchange started last: it owns the buffers until it finishes
 
     def _plan(self):
-        from .exchange import halos_params
-
-        cs = lambda t: tuple(t.stride())  # noqa: E731
         key = ("cuda" if self.direct else "staged", self.x.dtype, self.dim, self.left, self.right, tuple(self.x.shape))
-
-        def params():
-            p = halos_params(self.x, self.left, self.right, self.dim, (cs(self.gl), cs(self.gr), cs(self.gx)))
-            halos = [_lib.int64_array(cs(t)) for t in (self.lh, self.rh)]
-            p._keep += halos
-            p.left_strides, p.right_strides = halos
-            if self.direct:
-                p.field_mask |= _lib.PLAN_PARAM_MEMORY_TYPE
-                p.memory_type = _lib.MEMORY_CUDA
-            return p
-
+        memory = _lib.MEMORY_CUDA if self.direct else _lib.MEMORY_HOST
         _inflight.settle(self.comm)
-        return self.comm.plan(key, params)
+        return self.comm.plan(key, lambda: buffer_params(self.x, self.lh, self.rh, self.gl, self.gr, self.gx,
+                                                         self.left, self.right, self.dim, memory))
 
     def _slabs(self, t: Tensor):
         """The slices of x's layout that the exchange reads or writes: one
-        range when they meet, else the first and the last."""
+        range when they meet, else the first and the last. (Zero padding
+        reads nothing else; a padding that copies x's edge slices into the
+        halos beyond the sequence needs the edge ranks' edge slices too.)"""
         n, r, l = self.n, self.r_sent, self.l_sent
         if r + l >= n:
             return [t.narrow(self.dim, 0, n)] if n else []
@@ -241,6 +231,23 @@ class _Layout:
         grad_x.narrow(d, n - self.l_sent, self.l_sent).add_(self.gx.narrow(d, n - self.l_sent, self.l_sent))
         grad_x.narrow(d, 0, self.r_sent).add_(self.gx.narrow(d, 0, self.r_sent))
         self.bwd_read = self._reads_queued()
+
+
+def buffer_params(x, lh, rh, gl, gr, gx, left, right, dim, memory):
+    """halo_plan_params_t of a halos-only plan over these tensors' layouts,
+    in memory of type memory (a _lib.MEMORY_*)."""
+    from .exchange import _params
+
+    p = _params(x.dtype, tuple(x.shape), dim, left, right, x.stride(), None, None)
+    p.halos_only = 1
+    arrays = [_lib.int64_array(t.stride()) for t in (lh, rh, gl, gr, gx)]
+    p._keep += arrays
+    p.left_strides, p.right_strides, p.grad_left_strides, p.grad_right_strides, p.grad_x_strides = arrays
+    p.memory_type = memory
+    p.field_mask |= (_lib.PLAN_PARAM_HALOS_ONLY | _lib.PLAN_PARAM_LEFT_STRIDES | _lib.PLAN_PARAM_RIGHT_STRIDES
+                     | _lib.PLAN_PARAM_GRAD_LEFT_STRIDES | _lib.PLAN_PARAM_GRAD_RIGHT_STRIDES
+                     | _lib.PLAN_PARAM_GRAD_X_STRIDES | _lib.PLAN_PARAM_MEMORY_TYPE)
+    return p
 
 
 def _layout(x: Tensor, left, right, dim, group) -> _Layout:

@@ -344,24 +344,18 @@ def plan_halos(x: Tensor, left, right, dim, group, grad_strides=None):
     if grad_strides is None:
         grad_strides = halo_strides + (_contiguous_strides(shape),)
 
-    return _lookup(group, ("halos", x.dtype, dim, left, right, shape, strides, tuple(grad_strides)),
-                   lambda: halos_params(x, left, right, dim, grad_strides))
+    def params():
+        p = _params(x.dtype, shape, dim, left, right, strides, None, None)
+        p.halos_only = 1
+        arrays = [_lib.int64_array(s) for s in halo_strides + tuple(grad_strides)]
+        p._keep += arrays
+        p.left_strides, p.right_strides, p.grad_left_strides, p.grad_right_strides, p.grad_x_strides = arrays
+        p.field_mask |= (_lib.PLAN_PARAM_HALOS_ONLY | _lib.PLAN_PARAM_LEFT_STRIDES | _lib.PLAN_PARAM_RIGHT_STRIDES
+                         | _lib.PLAN_PARAM_GRAD_LEFT_STRIDES | _lib.PLAN_PARAM_GRAD_RIGHT_STRIDES
+                         | _lib.PLAN_PARAM_GRAD_X_STRIDES)
+        return p
 
-
-def halos_params(x: Tensor, left, right, dim, grad_strides):
-    """halo_plan_params_t of plan_halos: contiguous halos; grad_strides are
-    those of (grad_left, grad_right, grad_x)."""
-    shape = tuple(x.shape)
-    halo_strides = tuple(_contiguous_strides(_halo_shape(shape, dim, k)) for k in (left, right))
-    p = _params(x.dtype, shape, dim, left, right, x.stride(), None, None)
-    p.halos_only = 1
-    arrays = [_lib.int64_array(s) for s in halo_strides + tuple(grad_strides)]
-    p._keep += arrays
-    p.left_strides, p.right_strides, p.grad_left_strides, p.grad_right_strides, p.grad_x_strides = arrays
-    p.field_mask |= (_lib.PLAN_PARAM_HALOS_ONLY | _lib.PLAN_PARAM_LEFT_STRIDES | _lib.PLAN_PARAM_RIGHT_STRIDES
-                     | _lib.PLAN_PARAM_GRAD_LEFT_STRIDES | _lib.PLAN_PARAM_GRAD_RIGHT_STRIDES
-                     | _lib.PLAN_PARAM_GRAD_X_STRIDES)
-    return p
+    return _lookup(group, ("halos", x.dtype, dim, left, right, shape, strides, tuple(grad_strides)), params)
 
 
 def _empty_halos(x: Tensor, left, right, dim):

@@ -17,7 +17,6 @@ import halocp
 import ranks
 import ranks_overlap
 from halocp import _cuda, _lib
-from halocp.exchange import halos_params
 from ranks import expect, raises
 
 
@@ -31,10 +30,8 @@ def _memory_types() -> int:
 def _cuda_plan(memory_type, key):
     """A halos-only plan over CUDA memory (or memory_type), made through the
     C ABI as halocp's direct path makes it."""
-    x = torch.empty(2, 4)
-    p = halos_params(x, 1, 1, 1, ((1, 1), (1, 1), (4, 1)))
-    p.field_mask |= _lib.PLAN_PARAM_MEMORY_TYPE
-    p.memory_type = memory_type
+    x, halo = torch.empty(2, 4), torch.empty(2, 1)
+    p = _cuda.buffer_params(x, halo, halo, halo, halo, x, 1, 1, 1, memory_type)
     return halocp.communicator().plan(("test", key), lambda: p)
 
 
