@@ -99,9 +99,9 @@ def _halo_shape(shape, dim, k):
 
 
 class _Layout:
-    """One layout's plan and buffers. ``memory`` says where the buffers live
-    and which plan moves them: the device for a CUDA plan (direct), pinned
-    host memory for a host plan (staged)."""
+    """One layout's plan and buffers: on the device for a CUDA plan
+    (direct), in pinned host memory for a host plan (staged; plain host
+    memory for CPU tensors in the dry run)."""
 
     def __init__(self, comm, x: Tensor, left, right, dim, direct: bool):
         self.comm, self.left, self.right, self.dim = comm, left, right, dim
