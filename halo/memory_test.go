@@ -55,6 +55,11 @@ func TestCUDAPlanIsHalosOnlyAndAgreed(t *testing.T) {
 		t.Errorf("padded CUDA plan: %v", err)
 	}
 	s = cudaSpec(1, 4, 1, 1)
+	s.Padding = PadReplicate
+	if _, err := g.NewPlan(s); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "pads with zeros only") {
+		t.Errorf("CUDA plan with replicate padding: %v", err)
+	}
+	s = cudaSpec(1, 4, 1, 1)
 	s.Memory = 7
 	if _, err := g.NewPlan(s); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "unknown memory type 7") {
 		t.Errorf("memory type 7: %v", err)

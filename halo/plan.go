@@ -9,12 +9,32 @@ import (
 	"github.com/halo-cp/halo/halo/transport"
 )
 
-// Padding says what fills halo slices outside the global sequence.
+// Padding says what fills halo slices outside the global sequence: the
+// padding modes of torch.nn.Conv3d (see include/halo.h for the gradients'
+// order).
 type Padding int32
 
 const (
-	PadZeros Padding = 0 // the reference's behaviour
+	PadZeros     Padding = 0 // the reference's behaviour
+	PadReplicate Padding = 1 // the edge slice repeated
+	PadReflect   Padding = 2 // mirrored about the edge slice, which is not repeated
+	PadCircular  Padding = 3 // wrapped around the sequence
 )
+
+// String is the mode as torch spells padding_mode.
+func (p Padding) String() string {
+	switch p {
+	case PadZeros:
+		return "zeros"
+	case PadReplicate:
+		return "replicate"
+	case PadReflect:
+		return "reflect"
+	case PadCircular:
+		return "circular"
+	}
+	return fmt.Sprintf("padding(%d)", int32(p))
+}
 
 // MemoryType says where a layout's tensors live (include/halo.h's
 // halo_memory_type_t); the transport's operations carry it.
@@ -118,8 +138,11 @@ func (g *Group) NewMultiPlan(specs []Spec) (*Plan, error) {
 	if err != nil {
 		return nil, err
 	}
-	for _, l := range lengths {
+	for k, l := range lengths {
 		p.parts = append(p.parts, newPartition(l))
+		if err := p.parts[k].checkPadding(&p.specs[k]); err != nil {
+			return nil, fmt.Errorf("%w: rank %d: plan %d: %s%v", ErrInvalid, g.Rank(), p.id, layoutName(k, len(lengths)), err)
+		}
 	}
 	if err := p.build(); err != nil {
 		p.Close()
@@ -150,14 +173,17 @@ func (s *Spec) validate() error {
 	if s.Left < 0 || s.Right < 0 {
 		return fmt.Errorf("halo sizes must not be negative (left %d, right %d)", s.Left, s.Right)
 	}
-	if s.Padding != PadZeros {
-		return fmt.Errorf("unknown padding %d", s.Padding)
+	if s.Padding < PadZeros || s.Padding > PadCircular {
+		return fmt.Errorf("unknown padding %d (want zeros 0, replicate 1, reflect 2 or circular 3)", int32(s.Padding))
 	}
 	if s.Memory != MemoryHost && s.Memory != MemoryCUDA {
 		return fmt.Errorf("unknown memory type %d", int32(s.Memory))
 	}
 	if s.Memory != MemoryHost && !s.HalosOnly {
 		return fmt.Errorf("a plan over %v memory must be halos-only (the interior copy and the padding are the caller's work)", s.Memory)
+	}
+	if s.Memory != MemoryHost && s.Padding != PadZeros {
+		return fmt.Errorf("a plan over %v memory pads with zeros only (the caller fills the slots beyond the sequence), not %v: stage other modes through a host plan", s.Memory, s.Padding)
 	}
 	for i, n := range s.Shape {
 		if n < 0 {
@@ -521,6 +547,14 @@ func (p *Plan) WireBytes() (sent, received int64) {
 		}
 		for _, m := range p.parts[k].incoming(me, s.Left, s.Right) {
 			received += (m.hi - m.lo) * slice
+		}
+		for _, pc := range p.parts[k].padPieces(s.Left, s.Right, s.Padding) {
+			lo, hi := pc.sources()
+			if pc.owner == me && pc.dst != me {
+				sent += (hi - lo) * slice
+			} else if pc.dst == me && pc.owner != me {
+				received += (hi - lo) * slice
+			}
 		}
 	}
 	return

@@ -58,9 +58,34 @@ typedef enum halo_dtype {
     HALO_BFLOAT16 = 3
 } halo_dtype_t;
 
-/** @brief What fills halo slices outside the global sequence. */
+/**
+ * @brief What fills halo slices outside the global sequence of T slices: the
+ * padding modes of torch.nn.Conv3d. Rank r's padded output is F.pad of the
+ * gathered sequence along dim, sliced to its shard and halos: a slot at
+ * global position g < 0 or g >= T shows slice clamp(g, 0, T-1) (replicate),
+ * -g or 2(T-1)-g (reflect: the edge slice is not repeated) or g mod T
+ * (circular). The source may be on any rank, the caller's own included.
+ * Reflect needs left, right < T, circular left, right <= T, replicate T > 0:
+ * otherwise plan creation fails with HALO_ERR_INVALID_ARGUMENT naming the
+ * mode, the halos and T. Ranks that disagree get HALO_ERR_MISMATCH.
+ *
+ * Backward (modes other than zeros): each slot's gradient is added to the
+ * slice it was copied from, so that grad_x is bit-identical to torch 1.13's
+ * CPU F.pad backward of the gathered padded gradient. That gradient sums the
+ * ranks' grad_out at each position: the owner's own, then the ranks to its
+ * right nearest first, then those to its left; a slot beyond an end, the
+ * ranks nearest that end first. F.pad's backward then adds: replicate and
+ * reflect, from +0, every position showing a slice in increasing position
+ * (replicate's left slots summed first); circular, the slice's own, then the
+ * right slot (+0 where a right halo exists but the slice is not its source),
+ * then the left slot (likewise). float16 and bfloat16 add in float32 and
+ * round after each addition, in that order.
+ */
 typedef enum halo_padding {
-    HALO_PAD_ZEROS = 0
+    HALO_PAD_ZEROS     = 0, /**< zeros, no gradient (the reference) */
+    HALO_PAD_REPLICATE = 1, /**< the edge slice repeated */
+    HALO_PAD_REFLECT   = 2, /**< mirrored about the edge slice */
+    HALO_PAD_CIRCULAR  = 3  /**< wrapped around: rank 0's left halo ends the sequence */
 } halo_padding_t;
 
 /**
@@ -140,7 +165,8 @@ enum {
  * elements; unset strides mean contiguous. out and grad_out have x's shape
  * with left + right more slices along dim; grad_out's strides default to
  * out's, grad_x's to x's. Shards may differ in length along dim between
- * ranks; every other field must agree on all ranks.
+ * ranks; every other field must agree on all ranks. padding (zeros unless
+ * HALO_PLAN_PARAM_PADDING is set) fills the slots beyond the sequence's ends.
  *
  * A halos-only plan (halos_only = 1) has no padded tensors: its forward
  * writes the left and right halos into tensors of their own (x's shape with
@@ -154,8 +180,9 @@ enum {
  * plan lives; all ranks must agree on it. A HALO_MEMORY_CUDA plan moves
  * bytes only, straight between the device pointers and the transport
  * (GPUDirect, cuda_ipc), and leaves all local work to the caller: it must
- * be halos-only; its forward leaves the halo slices outside the global
- * sequence as they were (the caller fills them: zeros); its backward
+ * be halos-only with HALO_PAD_ZEROS padding; its forward leaves the halo
+ * slices outside the global sequence as they were (the caller fills them
+ * with zeros); its backward
  * *writes* each neighbour's halo gradient into the slices of grad_x it
  * belongs to, leaving the other slices as they were, and the caller adds
  * them into x's gradient (the right neighbour's, for x's last left slices,

@@ -103,8 +103,8 @@ class _Layout:
     (direct), in pinned host memory for a host plan (staged; plain host
     memory for CPU tensors in the dry run)."""
 
-    def __init__(self, comm, x: Tensor, left, right, dim, direct: bool):
-        self.comm, self.left, self.right, self.dim = comm, left, right, dim
+    def __init__(self, comm, x: Tensor, left, right, dim, padding_mode, direct: bool):
+        self.comm, self.left, self.right, self.dim, self.padding_mode = comm, left, right, dim, padding_mode
         self.n = n = x.shape[dim]
         self.direct = direct
         self.device = x.device
@@ -115,8 +115,12 @@ class _Layout:
         elif self.cuda:
             kw["pin_memory"] = True
         # The slices x sends: its first `right` (to the left neighbours'
-        # right halos) and its last `left`, clamped to the shard.
+        # right halos) and its last `left`, clamped to the shard. A padding
+        # other than zeros fills the slots beyond the sequence from slices
+        # that may lie anywhere in a shard: then the whole shard is staged.
         self.r_sent, self.l_sent = min(right, n), min(left, n)
+        if padding_mode != "zeros":
+            self.r_sent = self.l_sent = n
         self.x = _outermost(x.shape, dim, **kw)
         self.gx = _outermost(x.shape, dim, **kw)
         # Every slab one run of memory: no I/O vectors, which UCX's CUDA
@@ -131,11 +135,12 @@ class _Layout:
         self.fwd = None  # the forward exchange started last: it owns the buffers until it finishes
 
     def _plan(self):
-        key = ("cuda" if self.direct else "staged", self.x.dtype, self.dim, self.left, self.right, tuple(self.x.shape))
+        key = ("cuda" if self.direct else "staged", self.x.dtype, self.dim, self.left, self.right, tuple(self.x.shape),
+               self.padding_mode)
         memory = _lib.MEMORY_CUDA if self.direct else _lib.MEMORY_HOST
         _inflight.settle(self.comm)
         return self.comm.plan(key, lambda: buffer_params(self.x, self.lh, self.rh, self.gl, self.gr, self.gx,
-                                                         self.left, self.right, self.dim, memory))
+                                                         self.left, self.right, self.dim, memory, self.padding_mode))
 
     def _slabs(self, t: Tensor):
         """The slices of x's layout that the exchange reads or writes: one
@@ -233,12 +238,12 @@ class _Layout:
         self.bwd_read = self._reads_queued()
 
 
-def buffer_params(x, lh, rh, gl, gr, gx, left, right, dim, memory):
+def buffer_params(x, lh, rh, gl, gr, gx, left, right, dim, memory, padding_mode="zeros"):
     """halo_plan_params_t of a halos-only plan over these tensors' layouts,
     in memory of type memory (a _lib.MEMORY_*)."""
     from .exchange import _params
 
-    p = _params(x.dtype, tuple(x.shape), dim, left, right, x.stride(), None, None)
+    p = _params(x.dtype, tuple(x.shape), dim, left, right, x.stride(), None, None, padding_mode)
     p.halos_only = 1
     arrays = [_lib.int64_array(t.stride()) for t in (lh, rh, gl, gr, gx)]
     p._keep += arrays
@@ -250,14 +255,14 @@ def buffer_params(x, lh, rh, gl, gr, gx, left, right, dim, memory):
     return p
 
 
-def _layout(x: Tensor, left, right, dim, group) -> _Layout:
+def _layout(x: Tensor, left, right, dim, group, padding_mode) -> _Layout:
     """The layout of x's shape, dtype and device on group's communicator
     (its plan made collectively on first use)."""
     if left < 0 or right < 0:  # before any buffer is sized by them
         raise HaloError(_lib.ERR_INVALID_ARGUMENT, f"halocp: halo sizes must not be negative (left {left}, right {right})")
     comm = communicator(group)
     cache = comm.__dict__.setdefault("_halocp_cuda_layouts", OrderedDict())
-    key = (x.device, x.dtype, dim, left, right, tuple(x.shape))
+    key = (x.device, x.dtype, dim, left, right, tuple(x.shape), padding_mode)
     lay = cache.get(key)
     if lay is not None:
         cache.move_to_end(key)
@@ -268,14 +273,14 @@ def _layout(x: Tensor, left, right, dim, group) -> _Layout:
     direct = x.device.type == "cuda" and _path(comm) == DIRECT
     if direct:
         try:
-            lay = _Layout(comm, x, left, right, dim, True)
+            lay = _Layout(comm, x, left, right, dim, padding_mode, True)
         except HaloError as e:
             # Decided from what every rank agreed on: all of them stage it.
             if e.code != _lib.ERR_INVALID_ARGUMENT:
                 raise
             direct = False
     if not direct:
-        lay = _Layout(comm, x, left, right, dim, False)
+        lay = _Layout(comm, x, left, right, dim, padding_mode, False)
     cache[key] = lay
     if len(cache) > PLAN_CACHE_SIZE:
         cache.popitem(last=False)
@@ -287,8 +292,8 @@ def _layout(x: Tensor, left, right, dim, group) -> _Layout:
 
 class _Padded(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, left, right, dim, group):
-        lay = _layout(x, left, right, dim, group)
+    def forward(ctx, x, left, right, dim, group, padding_mode):
+        lay = _layout(x, left, right, dim, group, padding_mode)
         n = x.shape[dim]
         shape = list(x.shape)
         shape[dim] += left + right
@@ -304,7 +309,7 @@ class _Padded(torch.autograd.Function):
         d, L, n = lay.dim, lay.left, lay.n
         grad_x = g.narrow(d, L, n).clone(memory_format=torch.contiguous_format)
         lay.add_grads(g.narrow(d, 0, L), g.narrow(d, L + n, lay.right), grad_x)
-        return grad_x, None, None, None, None
+        return grad_x, None, None, None, None, None
 
 
 class _PaddedDone(_Padded):
@@ -323,8 +328,8 @@ class _PaddedDone(_Padded):
 
 class _Halos(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, left, right, dim, group):
-        lay = _layout(x, left, right, dim, group)
+    def forward(ctx, x, left, right, dim, group, padding_mode):
+        lay = _layout(x, left, right, dim, group, padding_mode)
         lh = torch.empty(_halo_shape(x.shape, dim, left), dtype=x.dtype, device=x.device)
         rh = torch.empty(_halo_shape(x.shape, dim, right), dtype=x.dtype, device=x.device)
         lay.halos_into(x, lh, rh)
@@ -337,7 +342,7 @@ class _Halos(torch.autograd.Function):
         lay = ctx.lay
         grad_x = torch.zeros(ctx.shape, dtype=lay.x.dtype, device=lay.device)
         lay.add_grads(gl, gr, grad_x)
-        return grad_x, None, None, None, None
+        return grad_x, None, None, None, None, None
 
 
 class _HalosDone(_Halos):
@@ -354,10 +359,10 @@ class _HalosDone(_Halos):
 
 class _InPlace(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, padded, left, right, dim, group):
+    def forward(ctx, padded, left, right, dim, group, padding_mode):
         n = padded.shape[dim] - left - right
         x = padded.narrow(dim, left, n)
-        lay = _layout(x, left, right, dim, group)
+        lay = _layout(x, left, right, dim, group, padding_mode)
         lay.halos_into(x, padded.narrow(dim, 0, left), padded.narrow(dim, left + n, right))
         ctx.mark_dirty(padded)
         ctx.lay = lay
@@ -372,7 +377,7 @@ class _InPlace(torch.autograd.Function):
         # The halo slots were overwritten in the forward pass: no gradient.
         grad.narrow(d, 0, L).zero_()
         grad.narrow(d, L + n, R).zero_()
-        return grad, None, None, None, None
+        return grad, None, None, None, None, None
 
 
 class _InPlaceDone(_InPlace):
@@ -394,23 +399,23 @@ def _apply(fn, t: Tensor, *args):
         return fn.apply(t, *args)
 
 
-def cp_halo_exchange(x: Tensor, left, right, dim, group) -> Tensor:
+def cp_halo_exchange(x: Tensor, left, right, dim, group, padding_mode="zeros") -> Tensor:
     if left == 0 and right == 0:
         return x
-    return _apply(_Padded, x, left, right, dim, group)
+    return _apply(_Padded, x, left, right, dim, group, padding_mode)
 
 
-def halos(x: Tensor, left, right, dim, group):
+def halos(x: Tensor, left, right, dim, group, padding_mode="zeros"):
     if left == 0 and right == 0:
         return tuple(torch.empty(_halo_shape(x.shape, dim, 0), dtype=x.dtype, device=x.device) for _ in "lr")
-    return _apply(_Halos, x, left, right, dim, group)
+    return _apply(_Halos, x, left, right, dim, group, padding_mode)
 
 
-def halo_exchange_(padded: Tensor, left, right, dim, group) -> Tensor:
+def halo_exchange_(padded: Tensor, left, right, dim, group, padding_mode="zeros") -> Tensor:
     if left == 0 and right == 0:
         return padded
     _check_padded(padded, left, right, dim)
-    return _apply(_InPlace, padded, left, right, dim, group)
+    return _apply(_InPlace, padded, left, right, dim, group, padding_mode)
 
 
 def _check_padded(padded: Tensor, left, right, dim) -> None:
@@ -449,12 +454,12 @@ def _recording(t: Tensor) -> bool:
     return t.requires_grad and torch.is_grad_enabled()
 
 
-def cp_halo_exchange_start(x: Tensor, left, right, dim, group):
+def cp_halo_exchange_start(x: Tensor, left, right, dim, group, padding_mode="zeros"):
     from ._inflight import Exchange
 
     if left == 0 and right == 0:
         return Exchange(None, lambda: x)
-    lay = _layout(x, left, right, dim, group)
+    lay = _layout(x, left, right, dim, group, padding_mode)
     n = x.shape[dim]
     shape = list(x.shape)
     shape[dim] += left + right
@@ -465,18 +470,18 @@ def cp_halo_exchange_start(x: Tensor, left, right, dim, group):
                     out, _PaddedDone, (x, (out, lay)), _recording(x))
 
 
-def halos_start(x: Tensor, left, right, dim, group):
+def halos_start(x: Tensor, left, right, dim, group, padding_mode="zeros"):
     from ._inflight import Exchange
 
     if left == 0 and right == 0:
         return Exchange(None, lambda: halos(x, 0, 0, dim, group))
-    lay = _layout(x, left, right, dim, group)
+    lay = _layout(x, left, right, dim, group, padding_mode)
     lh = torch.empty(_halo_shape(x.shape, dim, left), dtype=x.dtype, device=x.device)
     rh = torch.empty(_halo_shape(x.shape, dim, right), dtype=x.dtype, device=x.device)
     return _started(lay, x, lambda: lay.finish_halos(lh, rh), (lh, rh), _HalosDone, (x, (lh, rh, lay)), _recording(x))
 
 
-def halo_exchange_start_(padded: Tensor, left, right, dim, group):
+def halo_exchange_start_(padded: Tensor, left, right, dim, group, padding_mode="zeros"):
     from ._inflight import Exchange
 
     if left == 0 and right == 0:
@@ -484,6 +489,6 @@ def halo_exchange_start_(padded: Tensor, left, right, dim, group):
     n = padded.shape[dim] - left - right
     _check_padded(padded, left, right, dim)
     x = padded.narrow(dim, left, n)
-    lay = _layout(x, left, right, dim, group)
+    lay = _layout(x, left, right, dim, group, padding_mode)
     return _started(lay, x, lambda: lay.finish_halos(padded.narrow(dim, 0, left), padded.narrow(dim, left + n, right)),
                     padded, _InPlaceDone, (padded, lay), _recording(padded))

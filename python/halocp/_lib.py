@@ -34,6 +34,9 @@ FLOAT32, FLOAT64, FLOAT16, BFLOAT16 = 0, 1, 2, 3
 
 # halo_padding_t
 PAD_ZEROS = 0
+PAD_REPLICATE = 1
+PAD_REFLECT = 2
+PAD_CIRCULAR = 3
 
 # halo_memory_type_t
 MEMORY_HOST, MEMORY_CUDA = 0, 1

@@ -81,6 +81,13 @@ def scenario_staged_exchange():
         ranks.scenario_exchange(cases=9)
 
 
+def scenario_staged_padding():
+    """ranks.py's replicate, reflect and circular cases through the staging
+    path (the whole shard is staged for them)."""
+    with _cuda.stage_cpu():
+        ranks.scenario_padding(cases=4)
+
+
 def scenario_staged_async():
     """ranks_overlap.py's started exchanges, test() and misuse through the
     staging path."""
