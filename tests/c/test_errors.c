@@ -155,6 +155,7 @@ static int test_args(void) {
     HALO_OK(halo_plan_destroy(plan));
 
     /* Memory types: what the transport moves, and CUDA plans. */
+    plan = NULL;
     uint64_t types = 0;
     expect(halo_comm_memory_types(NULL, &types), HALO_ERR_INVALID_HANDLE, "communicator handle is NULL", "memory types of NULL");
     expect(halo_comm_memory_types(c, NULL), HALO_ERR_INVALID_ARGUMENT, "types (the output pointer) is NULL", "NULL types");
