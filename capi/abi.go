@@ -29,6 +29,8 @@ func abiMismatches() []string {
 		{"HALO_PAD_REPLICATE", C.HALO_PAD_REPLICATE, int64(halo.PadReplicate)},
 		{"HALO_PAD_REFLECT", C.HALO_PAD_REFLECT, int64(halo.PadReflect)},
 		{"HALO_PAD_CIRCULAR", C.HALO_PAD_CIRCULAR, int64(halo.PadCircular)},
+		{"HALO_MEMORY_HOST", C.HALO_MEMORY_HOST, int64(halo.MemoryHost)},
+		{"HALO_MEMORY_CUDA", C.HALO_MEMORY_CUDA, int64(halo.MemoryCUDA)},
 		{"HALO_BOOTSTRAP_RENDEZVOUS", C.HALO_BOOTSTRAP_RENDEZVOUS, int64(comm.BootstrapRendezvous)},
 		{"HALO_BOOTSTRAP_EXTERNAL", C.HALO_BOOTSTRAP_EXTERNAL, int64(comm.BootstrapExternal)},
 	}

@@ -25,7 +25,7 @@ const (
 	planParamsKnown = C.HALO_PLAN_PARAM_X_STRIDES | C.HALO_PLAN_PARAM_OUT_STRIDES | C.HALO_PLAN_PARAM_GRAD_OUT_STRIDES |
 		C.HALO_PLAN_PARAM_GRAD_X_STRIDES | C.HALO_PLAN_PARAM_PADDING | C.HALO_PLAN_PARAM_HALOS_ONLY |
 		C.HALO_PLAN_PARAM_LEFT_STRIDES | C.HALO_PLAN_PARAM_RIGHT_STRIDES | C.HALO_PLAN_PARAM_GRAD_LEFT_STRIDES |
-		C.HALO_PLAN_PARAM_GRAD_RIGHT_STRIDES
+		C.HALO_PLAN_PARAM_GRAD_RIGHT_STRIDES | C.HALO_PLAN_PARAM_MEMORY_TYPE
 )
 
 func invalid(format string, args ...any) error {
@@ -194,6 +194,21 @@ func haloGoCommGetRank(h C.uintptr_t, rank, size *C.int, eb *C.char, el C.size_t
 	})
 }
 
+//export haloGoCommMemoryTypes
+func haloGoCommMemoryTypes(h C.uintptr_t, types *C.uint64_t, eb *C.char, el C.size_t) C.int {
+	return exported(eb, el, func() error {
+		e, err := lookupComm(uintptr(h))
+		if err != nil {
+			return err
+		}
+		if types == nil {
+			return invalid("types (the output pointer) is NULL")
+		}
+		*types = C.uint64_t(e.c.MemoryTypes())
+		return nil
+	})
+}
+
 //export haloGoCommDestroy
 func haloGoCommDestroy(h C.uintptr_t, eb *C.char, el C.size_t) C.int {
 	return exported(eb, el, func() error {
@@ -318,6 +333,9 @@ func readSpec(p *C.halo_plan_params_t, pre string) (halo.Spec, error) {
 	}
 	if m&C.HALO_PLAN_PARAM_PADDING != 0 {
 		spec.Padding = halo.Padding(p.padding)
+	}
+	if m&C.HALO_PLAN_PARAM_MEMORY_TYPE != 0 {
+		spec.Memory = halo.MemoryType(p.memory_type)
 	}
 	if m&C.HALO_PLAN_PARAM_HALOS_ONLY != 0 {
 		switch p.halos_only {

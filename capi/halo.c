@@ -64,6 +64,10 @@ halo_result_t halo_comm_get_rank(halo_comm_t comm, int *rank, int *world_size) {
     return (halo_result_t)haloGoCommGetRank((uintptr_t)comm, rank, world_size, error_buffer(), HALO_ERRLEN);
 }
 
+halo_result_t halo_comm_memory_types(halo_comm_t comm, uint64_t *types) {
+    return (halo_result_t)haloGoCommMemoryTypes((uintptr_t)comm, types, error_buffer(), HALO_ERRLEN);
+}
+
 halo_result_t halo_comm_destroy(halo_comm_t comm) {
     return (halo_result_t)haloGoCommDestroy((uintptr_t)comm, error_buffer(), HALO_ERRLEN);
 }

@@ -166,6 +166,19 @@ func (c *Comm) NewMultiPlan(specs []halo.Spec) (*halo.Plan, error) {
 	return g.NewMultiPlan(specs)
 }
 
+// MemoryTypes is the set of halo memory types (1 << transport.Memory) the
+// communicator's transport moves itself; CUDA is missing where UCX was
+// built without it, and then CUDA tensors must be staged through host memory.
+func (c *Comm) MemoryTypes() uint64 {
+	var set uint64
+	for _, m := range []transport.Memory{transport.Host, transport.CUDA} {
+		if c.t.Moves(m) {
+			set |= 1 << m
+		}
+	}
+	return set
+}
+
 // Abort stops the communicator from any goroutine, also while another one
 // is inside an exchange: that exchange and every later call fail with
 // halo.ErrFailed within milliseconds (UCX's waits are woken), after which
@@ -199,6 +212,9 @@ type wire struct{ t *ucx.Transport }
 
 func (a wire) Rank() int { return a.t.Rank() }
 func (a wire) Size() int { return a.t.Size() }
+
+// Moves makes the wire a transport.MemoryTyped: UCX says which memory it moves.
+func (a wire) Moves(m transport.Memory) bool { return a.t.Moves(m) }
 
 func (a wire) Prepare(ops []transport.Op) (transport.Batch, error) {
 	b, err := a.t.Prepare(ops)
@@ -241,6 +257,8 @@ func classify(err error) error {
 		return halo.Classify(halo.ErrPeerFailed, err)
 	case errors.Is(err, ucx.ErrClosed):
 		return halo.Classify(halo.ErrClosed, err)
+	case errors.Is(err, ucx.ErrMemoryType):
+		return halo.Classify(halo.ErrInvalid, err)
 	}
 	return halo.Classify(halo.ErrTransport, err)
 }

@@ -36,6 +36,15 @@ func (p Padding) String() string {
 	return fmt.Sprintf("padding(%d)", int32(p))
 }
 
+// MemoryType says where a layout's tensors live (include/halo.h's
+// halo_memory_type_t); the transport's operations carry it.
+type MemoryType = transport.Memory
+
+const (
+	MemoryHost = transport.Host
+	MemoryCUDA = transport.CUDA
+)
+
 // Spec is the local layout a plan is made for. Strides are in elements; nil
 // means contiguous. The out tensor has x's shape with Left+Right more slices
 // along Dim; the gradient tensors have the shapes of out and x.
@@ -60,6 +69,10 @@ type Spec struct {
 	// gradients' nil means the same as their tensor's.
 	LeftStrides, RightStrides         []int64
 	GradLeftStrides, GradRightStrides []int64
+
+	// Memory is where all of the layout's tensors live. A plan over memory
+	// the CPU must not touch (CUDA) only moves bytes; see bytesOnly.
+	Memory MemoryType
 }
 
 // OutShape is the shape of the forward output.
@@ -108,6 +121,10 @@ func (g *Group) NewMultiPlan(specs []Spec) (*Plan, error) {
 	for k, spec := range specs {
 		if err := spec.validate(); err != nil {
 			return nil, fmt.Errorf("%w: rank %d: %s%v", ErrInvalid, g.Rank(), layoutName(k, len(specs)), err)
+		}
+		if spec.Memory != specs[0].Memory {
+			return nil, fmt.Errorf("%w: rank %d: layout %d is in %v memory, layout 0 in %v: the layouts of one plan share one memory type",
+				ErrInvalid, g.Rank(), k, spec.Memory, specs[0].Memory)
 		}
 		if spec.HalosOnly != specs[0].HalosOnly {
 			return nil, fmt.Errorf("%w: rank %d: layout %d is %s, layout 0 is not: the layouts of one plan are all padded or all halos-only",
@@ -158,6 +175,15 @@ func (s *Spec) validate() error {
 	}
 	if s.Padding < PadZeros || s.Padding > PadCircular {
 		return fmt.Errorf("unknown padding %d (want zeros 0, replicate 1, reflect 2 or circular 3)", int32(s.Padding))
+	}
+	if s.Memory != MemoryHost && s.Memory != MemoryCUDA {
+		return fmt.Errorf("unknown memory type %d", int32(s.Memory))
+	}
+	if s.Memory != MemoryHost && !s.HalosOnly {
+		return fmt.Errorf("a plan over %v memory must be halos-only (the interior copy and the padding are the caller's work)", s.Memory)
+	}
+	if s.Memory != MemoryHost && s.Padding != PadZeros {
+		return fmt.Errorf("a plan over %v memory pads with zeros only (the caller fills the slots beyond the sequence), not %v: stage other modes through a host plan", s.Memory, s.Padding)
 	}
 	for i, n := range s.Shape {
 		if n < 0 {
@@ -237,12 +263,15 @@ type record struct {
 	padding     Padding
 	left, right int64
 	shape       [MaxDims]int64
+	memory      MemoryType // at byte 112, zero (host) in records of halo 0.2
+	cannotMove  bool       // at byte 116: this rank's transport cannot move memory
 }
 
 func (p *Plan) record(k int) record {
 	s := &p.specs[k]
 	r := record{plan: p.id, layouts: int32(len(p.specs)), layout: int32(k), dtype: s.DType, ndim: int32(len(s.Shape)),
-		dim: int32(s.Dim), padding: s.Padding, left: s.Left, right: s.Right}
+		dim: int32(s.Dim), padding: s.Padding, left: s.Left, right: s.Right, memory: s.Memory,
+		cannotMove: !transport.Moves(p.g.t, s.Memory)}
 	copy(r.shape[:], s.Shape)
 	return r
 }
@@ -263,6 +292,10 @@ func (r *record) encode(b []byte) {
 	for i, n := range r.shape {
 		le.PutUint64(b[48+8*i:], uint64(n))
 	}
+	le.PutUint32(b[112:], uint32(r.memory))
+	if r.cannotMove {
+		b[116] = 1
+	}
 }
 
 func decodeRecord(b []byte) (record, error) {
@@ -277,6 +310,8 @@ func decodeRecord(b []byte) (record, error) {
 	for i := range r.shape {
 		r.shape[i] = int64(le.Uint64(b[48+8*i:]))
 	}
+	r.memory = MemoryType(le.Uint32(b[112:]))
+	r.cannotMove = b[116] != 0
 	if r.ndim < 1 || r.ndim > MaxDims || r.dim < 0 || r.dim >= r.ndim || r.layouts < 1 || r.layouts > MaxLayouts {
 		return record{}, fmt.Errorf("corrupt plan record (ndim %d, dim %d, layouts %d)", r.ndim, r.dim, r.layouts)
 	}
@@ -351,6 +386,18 @@ func (p *Plan) agree() ([][]int64, error) {
 	if msg := disagreement(recs); msg != "" {
 		return nil, fmt.Errorf("%w on plan %d (seen by rank %d): %s", ErrMismatch, p.id, me, msg)
 	}
+	var unable []int
+	for q := range recs {
+		if recs[q][0].cannotMove {
+			unable = append(unable, q)
+		}
+	}
+	if len(unable) > 0 {
+		// Decided from the records, so every rank fails alike.
+		return nil, fmt.Errorf("%w: plan %d (seen by rank %d): the transport of %s cannot move %v memory (its UCX was built without it): "+
+			"use a UCX built with CUDA support (HPC-X, or UCX configured --with-cuda) on every rank, or stage the slabs through host memory "+
+			"with a host plan (halocp does so itself)", ErrInvalid, p.id, me, rankList(unable), recs[unable[0]][0].memory)
+	}
 	lengths := make([][]int64, K)
 	for k := range lengths {
 		lengths[k] = make([]int64, W)
@@ -403,6 +450,7 @@ func disagreement(recs [][]record) string {
 		field(pre+"left halo", at(func(r record) string { return fmt.Sprint(r.left) }))
 		field(pre+"right halo", at(func(r record) string { return fmt.Sprint(r.right) }))
 		field(pre+"padding", at(func(r record) string { return fmt.Sprint(r.padding) }))
+		field(pre+"memory type", at(func(r record) string { return r.memory.String() }))
 		if len(parts) == before { // same ndim and dim: compare the other dims
 			r0 := recs[0][k]
 			for i := 0; i < int(r0.ndim); i++ {

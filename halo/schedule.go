@@ -206,8 +206,14 @@ func (p *Plan) buildLayout(l layoutPlan, base0 int, fops, bops *opList) error {
 		}
 		fops.add(op)
 	}
+	bytesOnly := s.Memory != MemoryHost
+	if bytesOnly {
+		if err := p.sentOnce(l); err != nil {
+			return err
+		}
+	}
 	for side, r := range [][2]int64{{0, padL}, {L + n + R - padR, L + n + R}} {
-		if r[0] < r[1] && s.Padding == PadZeros {
+		if r[0] < r[1] && s.Padding == PadZeros && !bytesOnly {
 			f.zero = append(f.zero, p.oneOperand(l, fside[side], r[0], r[1]))
 		}
 	}
@@ -222,7 +228,8 @@ func (p *Plan) buildLayout(l layoutPlan, base0 int, fops, bops *opList) error {
 	// other additions (it only turns -0 into +0 and quiets NaNs), so that
 	// pass runs while the wire works.
 	W := p.g.Size()
-	zeros := s.Padding == PadZeros
+	// Bytes only: the caller adds what arrives, +0 included.
+	zeros := s.Padding == PadZeros && !bytesOnly
 	if zeros && me == W-1 && L > 0 && n > 0 {
 		b.addZero = append(b.addZero, p.oneOperand(l, gxr, L+n-min(L, n), L+n))
 	}
@@ -308,6 +315,48 @@ func (p *Plan) inPlace(w *walk, elem int) bool {
 	return runs <= int64(o.IOVMaxSegments) && w.run*int64(elem) >= o.IOVMinSegment
 }
 
+// direct says whether a slab goes on the wire straight from or into the
+// caller's memory. Memory the CPU must not touch always does (bytesOnly);
+// then a slab of more runs than an I/O vector takes is an error.
+func (p *Plan) direct(l layoutPlan, w *walk) (bool, error) {
+	if l.spec.Memory == MemoryHost {
+		return p.inPlace(w, l.elem), nil
+	}
+	if runs := w.runs(); runs > maxDirectSegments {
+		return true, fmt.Errorf("%w: rank %d: plan %d: a slab of %v memory is %d separate runs of memory (at most %d): make the tensors' strides keep dim %d's slices in fewer pieces (e.g. dim outermost)",
+			ErrInvalid, p.g.Rank(), p.id, l.spec.Memory, runs, maxDirectSegments, l.spec.Dim)
+	}
+	return true, nil
+}
+
+// maxDirectSegments caps the I/O vector of a slab that cannot be packed.
+const maxDirectSegments = 1 << 16
+
+// sentOnce checks, for a bytes-only layout, that no slice of any shard goes
+// to two ranks: the backward writes each neighbour's gradient where it
+// belongs instead of adding it, so two of them must not meet on one slice.
+// Every rank checks every rank's messages, so all of them fail alike.
+func (p *Plan) sentOnce(l layoutPlan) error {
+	L, R := l.spec.Left, l.spec.Right
+	for q, n := range l.part.n {
+		if min(L, n)+min(R, n) > n {
+			// The caller's additions of the two sides would meet.
+			return fmt.Errorf("%w: rank %d: plan %d: rank %d's shard of %d slices is shorter than its halos (%d + %d): a plan over %v memory needs left + right no longer than any shard; stage such layouts through a host plan",
+				ErrInvalid, p.g.Rank(), p.id, q, n, L, R, l.spec.Memory)
+		}
+		out := l.part.outgoing(q, L, R)
+		for i, a := range out {
+			for _, b := range out[i+1:] {
+				if max(a.lo, b.lo) < min(a.hi, b.hi) {
+					return fmt.Errorf("%w: rank %d: plan %d: rank %d's slices [%d, %d) of the global sequence go to both rank %d and rank %d: a plan over %v memory needs every slice sent at most once (halos no longer than the shards, left + right no longer than a shard); stage such layouts through a host plan",
+						ErrInvalid, p.g.Rank(), p.id, q, max(a.lo, b.lo), min(a.hi, b.hi), a.dst, b.dst, l.spec.Memory)
+				}
+			}
+		}
+	}
+	return nil
+}
+
 // stage adds a staging buffer of bytes to s and returns its base.
 func (p *Plan) stage(s *schedule, bytes int64) (int, error) {
 	buf, err := p.g.t.Alloc(int(bytes))
@@ -325,8 +374,8 @@ func (p *Plan) sendOp(s *schedule, l layoutPlan, r region, lo, hi int64, peer in
 	if w.runs() == 0 {
 		return nil, nil // empty tensor: both sides skip the message
 	}
-	if p.inPlace(&w, l.elem) {
-		return &transport.Op{Peer: peer, Tag: tag, Send: true, Segs: w.segments(l.elem, r.base)}, nil
+	if direct, err := p.direct(l, &w); err != nil || direct {
+		return &transport.Op{Peer: peer, Tag: tag, Send: true, Segs: w.segments(l.elem, r.base), Memory: l.spec.Memory}, err
 	}
 	bytes := w.runs() * w.run * int64(l.elem)
 	base, err := p.stage(s, bytes)
@@ -346,6 +395,10 @@ func (p *Plan) recvOp(s *schedule, l layoutPlan, r region, lo, hi int64, peer in
 	w := newWalk(bx, [][]int64{r.strides}, []int64{o})
 	if w.runs() == 0 {
 		return nil, nil
+	}
+	if l.spec.Memory != MemoryHost { // bytes only: written where they belong, added by the caller
+		_, err := p.direct(l, &w)
+		return &transport.Op{Peer: peer, Tag: tag, Segs: w.segments(l.elem, r.base), Memory: l.spec.Memory}, err
 	}
 	if !accumulate && p.inPlace(&w, l.elem) {
 		return &transport.Op{Peer: peer, Tag: tag, Segs: w.segments(l.elem, r.base)}, nil

@@ -88,6 +88,15 @@ typedef enum halo_padding {
     HALO_PAD_CIRCULAR  = 3  /**< wrapped around: rank 0's left halo ends the sequence */
 } halo_padding_t;
 
+/**
+ * @brief Where a plan's tensors live. Bit (1 << type) of
+ * halo_comm_memory_types says whether the transport moves that memory.
+ */
+typedef enum halo_memory_type {
+    HALO_MEMORY_HOST = 0, /**< the CPU's memory (default) */
+    HALO_MEMORY_CUDA = 1  /**< an NVIDIA GPU's memory: the library never touches it from the CPU */
+} halo_memory_type_t;
+
 /** @brief The two exchanges of a plan, for the asynchronous calls. */
 typedef enum halo_direction {
     HALO_DIR_FORWARD  = 0, /**< halo_plan_forward_start / halo_plan_halos_forward_start */
@@ -146,7 +155,8 @@ enum {
     HALO_PLAN_PARAM_LEFT_STRIDES     = 1u << 6,
     HALO_PLAN_PARAM_RIGHT_STRIDES    = 1u << 7,
     HALO_PLAN_PARAM_GRAD_LEFT_STRIDES  = 1u << 8,
-    HALO_PLAN_PARAM_GRAD_RIGHT_STRIDES = 1u << 9
+    HALO_PLAN_PARAM_GRAD_RIGHT_STRIDES = 1u << 9,
+    HALO_PLAN_PARAM_MEMORY_TYPE        = 1u << 10
 };
 
 /**
@@ -165,6 +175,26 @@ enum {
  * and grad_right (strides default to left's and right's) and adds the
  * neighbours' gradients into grad_x, which already holds the rest of x's
  * gradient. Ranks may mix padded and halos-only plans of the same layout.
+ *
+ * memory_type (default HALO_MEMORY_HOST) says where every tensor of the
+ * plan lives; all ranks must agree on it. A HALO_MEMORY_CUDA plan moves
+ * bytes only, straight between the device pointers and the transport
+ * (GPUDirect, cuda_ipc), and leaves all local work to the caller: it must
+ * be halos-only with HALO_PAD_ZEROS padding; its forward leaves the halo
+ * slices outside the global sequence as they were (the caller fills them
+ * with zeros); its backward
+ * *writes* each neighbour's halo gradient into the slices of grad_x it
+ * belongs to, leaving the other slices as they were, and the caller adds
+ * them into x's gradient (the right neighbour's, for x's last left slices,
+ * then the left neighbour's, for its first right slices: the reference
+ * order). So every slice may go to one rank at most (halos no longer than
+ * any shard, left + right no longer than any shard), else creation fails
+ * with HALO_ERR_INVALID_ARGUMENT on every rank. The caller makes the data
+ * ready before a call (synchronise the stream that wrote it). It needs a
+ * transport that moves CUDA memory (halo_comm_memory_types): UCX built
+ * with CUDA, as HPC-X is; with any other, creation fails with
+ * HALO_ERR_INVALID_ARGUMENT on every rank, and the caller stages the
+ * boundary slabs through a host plan instead (halocp does).
  */
 typedef struct halo_plan_params {
     uint64_t       field_mask;
@@ -184,6 +214,7 @@ typedef struct halo_plan_params {
     const int64_t *right_strides;
     const int64_t *grad_left_strides;
     const int64_t *grad_right_strides;
+    halo_memory_type_t memory_type;  /**< HALO_MEMORY_HOST unless set */
 } halo_plan_params_t;
 
 /** @brief Version of the loaded library, as HALO_VERSION_NUMBER. */
@@ -349,6 +380,14 @@ halo_result_t halo_plan_halos_backward_multi_start(halo_plan_t plan, const void 
  * reported as HALO_ERR_INVALID_STATE; the plan is destroyed all the same.
  */
 halo_result_t halo_plan_destroy(halo_plan_t plan);
+
+/**
+ * @brief The memory types the communicator's transport sends from and
+ * receives into itself: *types gets bit (1 << HALO_MEMORY_*) set for each.
+ * HALO_MEMORY_HOST always; HALO_MEMORY_CUDA where UCX was built with CUDA
+ * support and finds a GPU. Local; valid before connect.
+ */
+halo_result_t halo_comm_memory_types(halo_comm_t comm, uint64_t *types);
 
 #ifdef __cplusplus
 }

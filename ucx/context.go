@@ -15,6 +15,8 @@ import (
 	"strings"
 	"time"
 	"unsafe"
+
+	"github.com/halo-cp/halo/halo/transport"
 )
 
 // Options configure Open. The zero value is the default, and what halo's
@@ -144,7 +146,40 @@ func (t *Transport) initContext(opts Options) error {
 		t.c.context = nil
 		return statusError("ucp_init", st)
 	}
+	var types C.uint64_t
+	if st := C.hux_context_memory_types(t.c.context, &types); st != C.UCS_OK {
+		return statusError("ucp_context_query", st)
+	}
+	t.memoryTypes = uint64(types)
 	return nil
+}
+
+// ucsMemory is the ucs_memory_type_t of each of halo's memory types.
+var ucsMemory = map[transport.Memory]C.ucs_memory_type_t{
+	transport.Host: C.UCS_MEMORY_TYPE_HOST,
+	transport.CUDA: C.UCS_MEMORY_TYPE_CUDA,
+}
+
+// Moves says whether the context's transports send from and receive into
+// memory of type m: CUDA only where UCX was built with CUDA support (HPC-X,
+// --with-cuda) and its CUDA modules load.
+func (t *Transport) Moves(m transport.Memory) bool {
+	u, ok := ucsMemory[m]
+	return ok && t.memoryTypes&(1<<u) != 0
+}
+
+// MemoryTypes names every memory type the context moves, as UCX names them
+// ("host", "cuda", "cuda-managed", ...).
+func (t *Transport) MemoryTypes() []string {
+	// An array of unknown size in C: cgo gives it none.
+	all := unsafe.Slice((**C.char)(unsafe.Pointer(&C.ucs_memory_type_names)), C.UCS_MEMORY_TYPE_LAST)
+	var names []string
+	for u, name := range all {
+		if t.memoryTypes&(1<<u) != 0 {
+			names = append(names, C.GoString(name))
+		}
+	}
+	return names
 }
 
 func applyConfig(cfg *C.ucp_config_t, opts Options) error {

@@ -26,6 +26,8 @@ var (
 	ErrClosed = errors.New("ucx: closed")
 	// ErrAborted: Transport.Abort was called.
 	ErrAborted = errors.New("ucx: aborted")
+	// ErrMemoryType: an operation's memory is of a type this UCX cannot move.
+	ErrMemoryType = errors.New("ucx: memory type not supported")
 )
 
 // Status is a UCX status code (ucs_status_t): 0 is success, negative values

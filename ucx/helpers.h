@@ -64,6 +64,7 @@ typedef struct hux_op {
     size_t        bytes;     /* sum of the segment lengths */
     int64_t      *seg_off;   /* nseg offsets when nseg > 1 */
     ucp_dt_iov_t *iov;       /* nseg entries when nseg > 1 */
+    int32_t       memory_type; /* ucs_memory_type_t of every segment */
     /* Per post. */
     void         *req;       /* outstanding UCX request, or NULL */
     ucs_status_t  status;    /* UCS_INPROGRESS while pending */
@@ -111,6 +112,7 @@ ucs_status_t hux_ep_force_close(hux_transport_t *t, int peer, int64_t timeout_ns
 /* Batches */
 hux_batch_t *hux_batch_new(hux_transport_t *t, int nops, int nsegs, int nbases);
 int hux_batch_post(hux_batch_t *b);
+ucs_status_t hux_context_memory_types(ucp_context_h context, uint64_t *types);
 int hux_batch_wait(hux_batch_t *b, int64_t timeout_ns);
 int hux_batch_test(hux_batch_t *b);
 void hux_batch_abort(hux_batch_t *b, int why);

@@ -8,6 +8,7 @@ import "C"
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 	"unsafe"
 
@@ -102,6 +103,7 @@ func (t *Transport) Prepare(ops []transport.Op) (*Batch, error) {
 		if op.Send {
 			co.is_send = 1
 		}
+		co.memory_type = C.int32_t(ucsMemory[op.Memory])
 		co.nseg = C.int32_t(len(op.Segs))
 		co.bytes = C.size_t(bytes)
 		co.status = C.UCS_OK
@@ -135,6 +137,9 @@ func (t *Transport) checkOp(op transport.Op) error {
 		return fmt.Errorf("peer %d is this rank", op.Peer)
 	case t.rankBits > 0 && op.Tag>>(64-t.rankBits) != 0:
 		return fmt.Errorf("tag %#x does not fit in %d bits", op.Tag, 64-t.rankBits)
+	case !t.Moves(op.Memory):
+		return fmt.Errorf("%w: UCX %s moves %s memory only, not %v (use a UCX built with CUDA support: HPC-X, or configured --with-cuda)",
+			ErrMemoryType, Version(), strings.Join(t.MemoryTypes(), ", "), op.Memory)
 	}
 	var total int64
 	for k, s := range op.Segs {

@@ -14,17 +14,18 @@ import (
 // Transport is one rank's UCP context and worker, with an endpoint to every
 // other rank of its group once connected.
 type Transport struct {
-	mu         sync.Mutex
-	abortMu    sync.Mutex         // see Abort
-	c          *C.hux_transport_t // nil once closed
-	rank       int
-	size       int
-	rankBits   int
-	peerMode   bool
-	sleepAfter time.Duration // < 0: the worker has no wakeup support
-	connected  bool
-	addr       []byte
-	batches    map[*Batch]struct{} // open batches, closed with the transport
+	mu          sync.Mutex
+	abortMu     sync.Mutex         // see Abort
+	c           *C.hux_transport_t // nil once closed
+	rank        int
+	size        int
+	rankBits    int
+	peerMode    bool
+	sleepAfter  time.Duration // < 0: the worker has no wakeup support
+	connected   bool
+	addr        []byte
+	batches     map[*Batch]struct{} // open batches, closed with the transport
+	memoryTypes uint64              // bit set of ucs_memory_type_t (ucp_context_query)
 }
 
 // Rank is this transport's rank in its group.

@@ -143,7 +143,7 @@ func TestInfo(t *testing.T) {
 		t.Fatalf("exit %d: %s", r.code, r.stderr)
 	}
 	for _, want := range []string{"UCX      1.", "TRANSPORT", "self", "UCX_TLS", "shm,self", "UCX_NET_DEVICES", "HALO_RENDEZVOUS", "(unset)", "j7", "lane[", "Launcher: none",
-		"HALO_TRANSFER", "(default " + comm.SettingTimeout.Default + ")", "lots (refused: not an integer)"} {
+		"HALO_TRANSFER", "(default " + comm.SettingTimeout.Default + ")", "lots (refused: not an integer)", "Memory UCX moves: host", "CUDA tensors:"} {
 		if !strings.Contains(r.stdout, want) {
 			t.Errorf("halod info lacks %q:\n%s", want, r.stdout)
 		}
@@ -155,6 +155,9 @@ func TestInfo(t *testing.T) {
 	var rep infoReport
 	if err := json.Unmarshal([]byte(r.stdout), &rep); err != nil || r.code != 0 {
 		t.Fatalf("info --json: exit %d, %v\n%s", r.code, err, r.stdout)
+	}
+	if len(rep.Memory) == 0 || rep.Memory[0] != "host" || rep.CUDAPath == "" {
+		t.Errorf("info --json: memory types %v, CUDA path %q", rep.Memory, rep.CUDAPath)
 	}
 	if len(rep.Resources) == 0 || rep.UCX == "" || rep.Launcher == nil || rep.Launcher.Rank != 1 || rep.Launcher.Size != 4 {
 		t.Errorf("info --json: %+v", rep)

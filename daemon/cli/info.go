@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"runtime"
+	"slices"
 	"sort"
 	"strings"
 	"text/tabwriter"
@@ -97,25 +98,27 @@ func lookupSettings(known []setting, prefix string) []setting {
 }
 
 // selection is what UCX chooses between two workers of this process: the
-// transports a pair of ranks on this host would use.
-func selection() (lanes []string, err error) {
+// transports a pair of ranks on this host would use, and the memory types
+// they move.
+func selection() (lanes, memory []string, err error) {
 	a, err := ucx.Open(0, 2, ucx.Options{})
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	defer a.Close()
+	memory = a.MemoryTypes()
 	b, err := ucx.Open(1, 2, ucx.Options{})
 	if err != nil {
-		return nil, err
+		return nil, memory, err
 	}
 	defer b.Close()
 	addrs := [][]byte{a.Address(), b.Address()}
 	if err := a.Connect(addrs); err != nil {
-		return nil, err
+		return nil, memory, err
 	}
 	s, err := a.EndpointInfo(1)
 	if err != nil {
-		return nil, err
+		return nil, memory, err
 	}
 	for _, line := range strings.Split(s, "\n") {
 		line = strings.TrimSpace(strings.TrimPrefix(line, "#"))
@@ -123,7 +126,15 @@ func selection() (lanes []string, err error) {
 			lanes = append(lanes, strings.Join(strings.Fields(line), " "))
 		}
 	}
-	return lanes, nil
+	return lanes, memory, nil
+}
+
+// cudaPath says how CUDA tensors travel with this UCX.
+func cudaPath(memory []string) string {
+	if slices.Contains(memory, "cuda") {
+		return "direct: device pointers go to UCX (GPUDirect, cuda_ipc)"
+	}
+	return "staged: boundary slabs through pinned host buffers (this UCX moves no CUDA memory)"
 }
 
 type infoReport struct {
@@ -136,6 +147,8 @@ type infoReport struct {
 	ResErr     string            `json:"ucx_resources_error,omitempty"`
 	Selected   []string          `json:"ucx_selected_on_host,omitempty"`
 	SelErr     string            `json:"ucx_selected_error,omitempty"`
+	Memory     []string          `json:"ucx_memory_types"`
+	CUDAPath   string            `json:"cuda_path"`
 	UCXEnv     []setting         `json:"ucx_settings"`
 	HaloEnv    []setting         `json:"halo_settings"`
 	Launcher   *launch.Placement `json:"launcher,omitempty"`
@@ -157,9 +170,10 @@ func info(c *ucli.Context) error {
 	if r.Resources, err = ucx.Resources(); err != nil {
 		r.ResErr = err.Error()
 	}
-	if r.Selected, err = selection(); err != nil {
+	if r.Selected, r.Memory, err = selection(); err != nil {
 		r.SelErr = err.Error()
 	}
+	r.CUDAPath = cudaPath(r.Memory)
 	r.UCXEnv = lookupSettings(ucxSettings, "UCX_")
 	r.HaloEnv = lookupSettings(haloSettings(), "HALO_")
 	if p, ok, err := launch.Detect(os.Getenv); err != nil {
@@ -204,6 +218,7 @@ func printInfo(w io.Writer, r *infoReport) {
 		fmt.Fprintf(w, "  %s\n", l)
 	}
 	fmt.Fprintln(w, "  (ranks on other hosts use the network transports above; \"ucx_info -e -u t\" says more)")
+	fmt.Fprintf(w, "\nMemory UCX moves: %s\nCUDA tensors:     %s\n", strings.Join(r.Memory, ", "), r.CUDAPath)
 
 	printSettings := func(title string, ss []setting) {
 		fmt.Fprintf(w, "\n%s\n", title)

@@ -20,6 +20,7 @@ type MemHub struct {
 	boxes   []map[memKey][][]byte // per receiver
 	changed chan struct{}         // closed and replaced on every delivery
 	dead    []bool
+	cuda    []bool // ranks whose transport says it moves CUDA memory
 }
 
 type memKey struct {
@@ -29,7 +30,7 @@ type memKey struct {
 
 // NewMemHub makes a hub for size ranks.
 func NewMemHub(size int) *MemHub {
-	h := &MemHub{size: size, boxes: make([]map[memKey][][]byte, size), changed: make(chan struct{}), dead: make([]bool, size)}
+	h := &MemHub{size: size, boxes: make([]map[memKey][][]byte, size), changed: make(chan struct{}), dead: make([]bool, size), cuda: make([]bool, size)}
 	for i := range h.boxes {
 		h.boxes[i] = map[memKey][][]byte{}
 	}
@@ -38,6 +39,15 @@ func NewMemHub(size int) *MemHub {
 
 // Transport returns rank's end of the hub.
 func (h *MemHub) Transport(rank int) transport.Transport { return &memTransport{h: h, rank: rank} }
+
+// MovesCUDA makes the ranks' transports say that they move CUDA memory, as
+// UCX built with CUDA does; the hub copies the bytes like any others, so
+// tests run bytes-only plans on host memory.
+func (h *MemHub) MovesCUDA(ranks ...int) {
+	for _, r := range ranks {
+		h.cuda[r] = true
+	}
+}
 
 // Kill makes rank's peers see it as failed, as UCX reports a dead endpoint.
 func (h *MemHub) Kill(rank int) {
@@ -55,6 +65,10 @@ type memTransport struct {
 
 func (t *memTransport) Rank() int { return t.rank }
 func (t *memTransport) Size() int { return t.h.size }
+
+func (t *memTransport) Moves(m transport.Memory) bool {
+	return m == transport.Host || (m == transport.CUDA && t.h.cuda[t.rank])
+}
 
 func (t *memTransport) Prepare(ops []transport.Op) (transport.Batch, error) {
 	for _, op := range ops {

@@ -13,7 +13,10 @@
 // transport's are classed where comm adapts it.
 package transport
 
-import "time"
+import (
+	"fmt"
+	"time"
+)
 
 // Transport is one rank's end of a group's wire.
 type Transport interface {
@@ -43,16 +46,53 @@ type Segment struct {
 	Len  int64
 }
 
+// Memory is where a message's bytes live. The values are include/halo.h's
+// halo_memory_type_t.
+type Memory int32
+
+const (
+	Host Memory = 0 // the CPU's memory
+	CUDA Memory = 1 // an NVIDIA GPU's memory: only the wire may touch it
+)
+
+func (m Memory) String() string {
+	switch m {
+	case Host:
+		return "host"
+	case CUDA:
+		return "cuda"
+	}
+	return fmt.Sprintf("memory type %d", int32(m))
+}
+
+// MemoryTyped is implemented by a Transport that can move memory other
+// than the host's: Moves says whether its operations may point into memory
+// of type m (the operation's Memory). A Transport without it moves host
+// memory only.
+type MemoryTyped interface {
+	Moves(m Memory) bool
+}
+
+// Moves says whether t can send from and receive into memory of type m.
+func Moves(t Transport, m Memory) bool {
+	if m == Host {
+		return true
+	}
+	mt, ok := t.(MemoryTyped)
+	return ok && mt.Moves(m)
+}
+
 // Op is one tagged message. A receive matches only a message from its Peer
 // with its Tag (the transport carries the sender), in the order they were
 // sent; it must arrive with exactly the total length of its segments, and
 // anything else is an error naming the peer. One segment goes on the wire as
 // contiguous memory, several as an I/O vector.
 type Op struct {
-	Peer int
-	Tag  uint64
-	Send bool
-	Segs []Segment
+	Peer   int
+	Tag    uint64
+	Send   bool
+	Segs   []Segment
+	Memory Memory // where every segment lives (one type per message)
 }
 
 // Bytes is the total length of the operation's segments.

@@ -32,6 +32,7 @@ from ._lib import (
     library_path,
     version,
 )
+from ._cuda import cuda_path
 from ._inflight import Exchange, abort
 from .exchange import cp_halo_exchange, cp_halo_exchange_start, halo_exchange_, halo_exchange_start_, halos, halos_start
 from .tiles import TileGrid, tile_halo_exchange
@@ -59,5 +60,6 @@ __all__ = [
     "destroy_communicator",
     "version",
     "library_path",
+    "cuda_path",
     "nn",
 ]

@@ -38,6 +38,9 @@ PAD_REPLICATE = 1
 PAD_REFLECT = 2
 PAD_CIRCULAR = 3
 
+# halo_memory_type_t
+MEMORY_HOST, MEMORY_CUDA = 0, 1
+
 # halo_bootstrap_t
 BOOTSTRAP_RENDEZVOUS, BOOTSTRAP_EXTERNAL = 0, 1
 
@@ -60,6 +63,7 @@ PLAN_PARAM_LEFT_STRIDES = 1 << 6
 PLAN_PARAM_RIGHT_STRIDES = 1 << 7
 PLAN_PARAM_GRAD_LEFT_STRIDES = 1 << 8
 PLAN_PARAM_GRAD_RIGHT_STRIDES = 1 << 9
+PLAN_PARAM_MEMORY_TYPE = 1 << 10
 
 # halo_direction_t
 DIR_FORWARD, DIR_BACKWARD = 0, 1
@@ -115,6 +119,7 @@ class PlanParams(ctypes.Structure):
         ("right_strides", _Int64Array),
         ("grad_left_strides", _Int64Array),
         ("grad_right_strides", _Int64Array),
+        ("memory_type", ctypes.c_int),
     ]
 
 
@@ -209,6 +214,7 @@ def _declare(lib: ctypes.CDLL) -> None:
             for start in ("", "_start")
         },
         "halo_plan_destroy": ([vp], c_int),
+        "halo_comm_memory_types": ([vp, ctypes.POINTER(ctypes.c_uint64)], c_int),
     }
     for name, (args, res) in sigs.items():
         fn = getattr(lib, name)

@@ -9,7 +9,7 @@ import operator
 import torch
 from torch import Tensor
 
-from . import _inflight, _lib
+from . import _cuda, _inflight, _lib
 from ._comm import communicator, halo_dtype
 from ._inflight import Exchange
 from ._lib import HaloError
@@ -74,11 +74,8 @@ def _check(x, left, right, dim, what: str):
         raise HaloError(_lib.ERR_INVALID_ARGUMENT, f"halocp: {what} must be a torch.Tensor, not {type(x).__name__}")
     if x.layout != torch.strided:
         raise HaloError(_lib.ERR_INVALID_ARGUMENT, f"halocp: {what} must be a strided (dense) tensor, not {x.layout}")
-    if x.device.type != "cpu":
-        raise HaloError(
-            _lib.ERR_INVALID_ARGUMENT,
-            f"halocp: {what} is on {x.device}, but this libhalo exchanges CPU memory only (no CUDA support)",
-        )
+    if x.device.type not in ("cpu", "cuda"):
+        raise HaloError(_lib.ERR_INVALID_ARGUMENT, f"halocp: {what} is on {x.device}: halocp exchanges CPU and CUDA tensors")
     try:
         left, right, dim = operator.index(left), operator.index(right), operator.index(dim)
     except TypeError as e:
@@ -216,6 +213,8 @@ def cp_halo_exchange(x: Tensor, left_size: int, right_size: int, dim: int, group
     """
     left, right, dim = _check(x, left_size, right_size, dim, "x")
     _padding(padding_mode)
+    if _cuda.wanted(x):
+        return _cuda.cp_halo_exchange(x, left, right, dim, group, padding_mode)
     if left == 0 and right == 0:
         return x
     if x.requires_grad and torch.is_grad_enabled():
@@ -284,6 +283,8 @@ def halo_exchange_(padded: Tensor, left_size: int, right_size: int, dim: int, gr
     """
     left, right, dim = _check(padded, left_size, right_size, dim, "padded")
     _padding(padding_mode)
+    if _cuda.wanted(padded):
+        return _cuda.halo_exchange_(padded, left, right, dim, group, padding_mode)
     if left == 0 and right == 0:
         return padded
     return _HaloExchangeInPlace.apply(padded, left, right, dim, group, padding_mode)
@@ -346,6 +347,8 @@ def cp_halo_exchange_start(x: Tensor, left_size: int, right_size: int, dim: int,
     """
     left, right, dim = _check(x, left_size, right_size, dim, "x")
     _padding(padding_mode)
+    if _cuda.wanted(x):
+        return _cuda.cp_halo_exchange_start(x, left, right, dim, group, padding_mode)
     if left == 0 and right == 0:
         return _finished(x)
     if x.is_neg():
@@ -371,6 +374,8 @@ def halo_exchange_start_(padded: Tensor, left_size: int, right_size: int, dim: i
     when ``padded`` requires grad and grad mode is on at start."""
     left, right, dim = _check(padded, left_size, right_size, dim, "padded")
     _padding(padding_mode)
+    if _cuda.wanted(padded):
+        return _cuda.halo_exchange_start_(padded, left, right, dim, group, padding_mode)
     if left == 0 and right == 0:
         return _finished(padded)
     record = _recording(padded)
@@ -495,6 +500,8 @@ def halos(x: Tensor, left_size: int, right_size: int, dim: int, group=None,
     """
     left, right, dim = _check(x, left_size, right_size, dim, "x")
     _padding(padding_mode)
+    if _cuda.wanted(x):
+        return _cuda.halos(x, left, right, dim, group, padding_mode)
     if x.is_neg():
         x = x.resolve_neg()
     if left == 0 and right == 0:
@@ -514,6 +521,8 @@ def halos_start(x: Tensor, left_size: int, right_size: int, dim: int, group=None
     as :func:`halos` when ``x`` requires grad and grad mode is on at start."""
     left, right, dim = _check(x, left_size, right_size, dim, "x")
     _padding(padding_mode)
+    if _cuda.wanted(x):
+        return _cuda.halos_start(x, left, right, dim, group, padding_mode)
     if x.is_neg():
         x = x.resolve_neg()
     if left == 0 and right == 0:

@@ -154,6 +154,28 @@ static int test_args(void) {
     }
     HALO_OK(halo_plan_destroy(plan));
 
+    /* Memory types: what the transport moves, and CUDA plans. */
+    plan = NULL;
+    uint64_t types = 0;
+    expect(halo_comm_memory_types(NULL, &types), HALO_ERR_INVALID_HANDLE, "communicator handle is NULL", "memory types of NULL");
+    expect(halo_comm_memory_types(c, NULL), HALO_ERR_INVALID_ARGUMENT, "types (the output pointer) is NULL", "NULL types");
+    HALO_OK(halo_comm_memory_types(c, &types));
+    CHECK(types & (1u << HALO_MEMORY_HOST), "memory types %#llx lack host", (unsigned long long)types);
+    p = params(shape);
+    p.field_mask = HALO_PLAN_PARAM_MEMORY_TYPE;
+    p.memory_type = HALO_MEMORY_CUDA;
+    expect(halo_plan_create(c, &p, &plan), HALO_ERR_INVALID_ARGUMENT, "must be halos-only", "padded CUDA plan");
+    p.field_mask |= HALO_PLAN_PARAM_HALOS_ONLY;
+    p.halos_only = 1;
+    if (types & (1u << HALO_MEMORY_CUDA)) {
+        printf("  (this UCX moves CUDA memory: no refusal to check)\n");
+    } else {
+        expect(halo_plan_create(c, &p, &plan), HALO_ERR_INVALID_ARGUMENT, "--with-cuda", "CUDA plan without CUDA in UCX");
+    }
+    p.memory_type = (halo_memory_type_t)4;
+    expect(halo_plan_create(c, &p, &plan), HALO_ERR_INVALID_ARGUMENT, "unknown memory type 4", "bad memory type");
+    CHECK(plan == NULL, "plan output written on failure");
+
     p = params(shape);
     HALO_OK(halo_plan_create(c, &p, &plan));
     float x[12], out[18];

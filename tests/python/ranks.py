@@ -86,7 +86,7 @@ def offsets(lengths):
 
 def oracle_forward(shards, r, left, right, dim):
     x = shards[r]
-    zeros = lambda k: torch.zeros(x.shape[:dim] + (k,) + x.shape[dim + 1:], dtype=x.dtype)
+    zeros = lambda k: torch.zeros(x.shape[:dim] + (k,) + x.shape[dim + 1:], dtype=x.dtype, device=x.device)
     padded = torch.cat([zeros(left)] + list(shards) + [zeros(right)], dim)
     lengths = [s.shape[dim] for s in shards]
     return padded.narrow(dim, offsets(lengths)[r], lengths[r] + left + right)
@@ -496,15 +496,6 @@ def raises(fn, code, what, within=10.0):
     raise Failure(f"{what}: did not raise")
 
 
-class _FakeCuda(torch.Tensor):
-    """A CPU tensor that says it lives on a GPU: what a CUDA tensor looks like
-    to halocp on a machine whose torch has no CUDA."""
-
-    @property
-    def device(self):
-        return torch.device("cuda", 0)
-
-
 def scenario_errors():
     """Bad calls raise HaloError on every rank, promptly, and leave the
     communicator usable."""
@@ -515,9 +506,6 @@ def scenario_errors():
     raises(lambda: ex(x, 1, -2, 1, None), halocp.ERR_INVALID_ARGUMENT, "negative right_size")
     raises(lambda: ex(x, 1, 1, 3, None), halocp.ERR_INVALID_ARGUMENT, "dim out of range")
     raises(lambda: ex(x, 1, 1, -4, None), halocp.ERR_INVALID_ARGUMENT, "negative dim out of range")
-    fake = torch.Tensor._make_subclass(_FakeCuda, x)
-    msg = raises(lambda: ex(fake, 1, 1, 1, None), halocp.ERR_INVALID_ARGUMENT, "a CUDA tensor")
-    expect("cuda" in msg.lower(), f"message should name the device: {msg}")
     raises(lambda: ex(torch.empty(2, 3, device="meta"), 1, 0, 1, None), halocp.ERR_INVALID_ARGUMENT, "a meta tensor")
     raises(lambda: ex(x.to(torch.int32), 1, 1, 1, None), halocp.ERR_INVALID_ARGUMENT, "an int32 tensor")
     raises(lambda: halocp.halo_exchange_(torch.zeros(2, 3, 4), 2, 2, 1, None), halocp.ERR_INVALID_ARGUMENT,

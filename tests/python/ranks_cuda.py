@@ -1,0 +1,112 @@
+"""One rank of the tests of halocp's CUDA support that a CPU can run;
+tests/python/test_cuda.py starts W of them (the helpers and the oracle are
+ranks.py's). No GPU is needed: the staging path for CUDA tensors runs on CPU
+tensors (halocp._cuda.stage_cpu), through the same code; tests/gpu/ holds
+the check for a machine with a GPU.
+
+    ranks_cuda.py SCENARIO...
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+import halocp
+import ranks
+import ranks_overlap
+from halocp import _cuda, _lib
+from ranks import expect, raises
+
+
+def _memory_types() -> int:
+    types = ctypes.c_uint64(0)
+    _lib.check(_lib.lib().halo_comm_memory_types(halocp.communicator().handle, ctypes.byref(types)),
+               "halo_comm_memory_types")
+    return types.value
+
+
+def _cuda_plan(memory_type, key):
+    """A halos-only plan over CUDA memory (or memory_type), made through the
+    C ABI as halocp's direct path makes it."""
+    x, halo = torch.empty(2, 4), torch.empty(2, 1)
+    p = _cuda.buffer_params(x, halo, halo, halo, halo, x, 1, 1, 1, memory_type)
+    return halocp.communicator().plan(("test", key), lambda: p)
+
+
+def scenario_memory():
+    """The memory-type plumbing with the real library and this machine's UCX:
+    what the communicator moves, which path halocp picks, and that a CUDA
+    plan where UCX has no CUDA support fails on every rank, saying what to do."""
+    types = _memory_types()
+    expect(types & 1 << _lib.MEMORY_HOST, f"halo_comm_memory_types = {types:#x}: no host memory")
+    cuda = bool(types & 1 << _lib.MEMORY_CUDA)
+    expect(halocp.cuda_path() == ("direct" if cuda else "staged"), f"cuda_path() {halocp.cuda_path()!r} with types {types:#x}")
+    if not cuda:
+        e = raises(lambda: _cuda_plan(_lib.MEMORY_CUDA, 1), halocp.ERR_INVALID_ARGUMENT, "a CUDA plan without CUDA in UCX")
+        for words in ("cannot move cuda memory", "--with-cuda", f"ranks 0-{ranks.WORLD - 1}" if ranks.WORLD > 1 else "rank 0"):
+            expect(words in str(e), f"the error lacks {words!r}: {e}")
+    # Ranks that disagree on the memory type are all told so (the agreement
+    # covers it before any transport is asked).
+    mine = _lib.MEMORY_CUDA if ranks.RANK == 0 else _lib.MEMORY_HOST
+    e = raises(lambda: _cuda_plan(mine, 2), halocp.ERR_MISMATCH, "ranks that disagree on the memory type")
+    expect("memory type: cuda on rank 0, host on rank" in str(e), f"the mismatch does not name the memory type: {e}")
+    e = raises(lambda: _cuda_plan(5, 3), halocp.ERR_INVALID_ARGUMENT, "memory type 5")
+    expect("unknown memory type 5" in str(e), str(e))
+    e = raises(lambda: halocp.cp_halo_exchange(torch.empty(2, 3, device="meta"), 1, 1, 0), halocp.ERR_INVALID_ARGUMENT,
+               "a tensor on the meta device")
+    expect("is on meta" in str(e) and "CPU and CUDA" in str(e), str(e))
+    # The communicator still works, and the staging path gives the CPU path's bits.
+    x = torch.randn(5, 3, dtype=torch.bfloat16)
+    with _cuda.stage_cpu():
+        staged = halocp.cp_halo_exchange(x, 2, 1, 0)
+        expect(_cuda.wanted(x), "stage_cpu() does not route CPU tensors")
+        started = halocp.cp_halo_exchange_start(x, 2, 1, 0).wait()
+        lh, rh = halocp.halos_start(x, 2, 1, 0).wait()
+        padded = torch.zeros(8, 3, dtype=x.dtype)
+        padded.narrow(0, 2, 5).copy_(x)
+        filled = halocp.halo_exchange_start_(padded, 2, 1, 0).wait()
+    expect(not _cuda.wanted(x), "stage_cpu() outlived its block")
+    want = halocp.cp_halo_exchange(x, 2, 1, 0)
+    for got, what in ((staged, "cp_halo_exchange"), (started, "cp_halo_exchange_start"), (filled, "halo_exchange_start_"),
+                      (torch.cat([lh, x, rh]), "halos_start")):
+        ranks.expect_bits(got, want, f"staged {what} against the CPU path")
+
+
+def scenario_staged_exchange():
+    """ranks.py's random layouts (uneven shards, halos longer than shards,
+    any strides, every dtype) through the staging path."""
+    with _cuda.stage_cpu():
+        ranks.scenario_exchange(cases=9)
+
+
+def scenario_staged_padding():
+    """ranks.py's replicate, reflect and circular cases through the staging
+    path (the whole shard is staged for them)."""
+    with _cuda.stage_cpu():
+        ranks.scenario_padding(cases=4)
+
+
+def scenario_staged_async():
+    """ranks_overlap.py's started exchanges, test() and misuse through the
+    staging path."""
+    with _cuda.stage_cpu():
+        ranks_overlap.scenario_async(cases=6)
+
+
+def scenario_staged_errors():
+    """ranks.py's bad calls through the staging path: the same errors, on
+    every rank, and the communicator still usable."""
+    with _cuda.stage_cpu():
+        ranks.scenario_errors()
+
+
+def scenario_staged_halos():
+    """ranks_overlap.py's halos() cases and gradcheck through the staging path."""
+    with _cuda.stage_cpu():
+        ranks_overlap.scenario_halos(cases=6)
+
+
+if __name__ == "__main__":
+    ranks.main(globals())
