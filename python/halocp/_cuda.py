@@ -92,6 +92,24 @@ def _outermost(shape, dim, **kw) -> Tensor:
     return torch.empty([n] + s, **kw).movedim(0, dim)
 
 
+def _format(t: Tensor, shape=None) -> tuple:
+    """What an output in t's memory format needs: the CPU path's outputs and
+    gradients keep x's format, and so do these."""
+    from .exchange import dim_order
+
+    return (tuple(t.shape if shape is None else shape), dim_order(t), t.dtype, t.device)
+
+
+def _empty(fmt: tuple) -> Tensor:
+    from .exchange import empty_in_order
+
+    return empty_in_order(*fmt)
+
+
+def _like(t: Tensor, shape=None) -> Tensor:
+    return _empty(_format(t, shape))
+
+
 def _halo_shape(shape, dim, k):
     s = list(shape)
     s[dim] = k
@@ -297,17 +315,17 @@ class _Padded(torch.autograd.Function):
         n = x.shape[dim]
         shape = list(x.shape)
         shape[dim] += left + right
-        out = torch.empty(shape, dtype=x.dtype, device=x.device)
+        out = _like(x, shape)
         out.narrow(dim, left, n).copy_(x)
         lay.halos_into(x, out.narrow(dim, 0, left), out.narrow(dim, left + n, right))
-        ctx.lay = lay
+        ctx.lay, ctx.fmt = lay, _format(x)
         return out
 
     @staticmethod
     def backward(ctx, g):
         lay = ctx.lay
         d, L, n = lay.dim, lay.left, lay.n
-        grad_x = g.narrow(d, L, n).clone(memory_format=torch.contiguous_format)
+        grad_x = _empty(ctx.fmt).copy_(g.narrow(d, L, n))
         lay.add_grads(g.narrow(d, 0, L), g.narrow(d, L + n, lay.right), grad_x)
         return grad_x, None, None, None, None, None
 
@@ -319,6 +337,7 @@ class _PaddedDone(_Padded):
     @staticmethod
     def forward(ctx, x, done):
         out, ctx.lay = done
+        ctx.fmt = _format(x)
         return out
 
     @staticmethod
@@ -330,17 +349,17 @@ class _Halos(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, left, right, dim, group, padding_mode):
         lay = _layout(x, left, right, dim, group, padding_mode)
-        lh = torch.empty(_halo_shape(x.shape, dim, left), dtype=x.dtype, device=x.device)
-        rh = torch.empty(_halo_shape(x.shape, dim, right), dtype=x.dtype, device=x.device)
+        lh = _like(x, _halo_shape(x.shape, dim, left))
+        rh = _like(x, _halo_shape(x.shape, dim, right))
         lay.halos_into(x, lh, rh)
         ctx.lay = lay
-        ctx.shape = x.shape
+        ctx.fmt = _format(x)
         return lh, rh
 
     @staticmethod
     def backward(ctx, gl, gr):
         lay = ctx.lay
-        grad_x = torch.zeros(ctx.shape, dtype=lay.x.dtype, device=lay.device)
+        grad_x = _empty(ctx.fmt).zero_()
         lay.add_grads(gl, gr, grad_x)
         return grad_x, None, None, None, None, None
 
@@ -349,7 +368,7 @@ class _HalosDone(_Halos):
     @staticmethod
     def forward(ctx, x, done):
         lh, rh, ctx.lay = done
-        ctx.shape = x.shape
+        ctx.fmt = _format(x)
         return lh, rh
 
     @staticmethod
@@ -366,13 +385,14 @@ class _InPlace(torch.autograd.Function):
         lay.halos_into(x, padded.narrow(dim, 0, left), padded.narrow(dim, left + n, right))
         ctx.mark_dirty(padded)
         ctx.lay = lay
+        ctx.fmt = _format(padded)
         return padded
 
     @staticmethod
     def backward(ctx, g):
         lay = ctx.lay
         d, L, n, R = lay.dim, lay.left, lay.n, lay.right
-        grad = g.clone(memory_format=torch.contiguous_format)
+        grad = _empty(ctx.fmt).copy_(g)
         lay.add_grads(g.narrow(d, 0, L), g.narrow(d, L + n, R), grad.narrow(d, L, n))
         # The halo slots were overwritten in the forward pass: no gradient.
         grad.narrow(d, 0, L).zero_()
@@ -384,7 +404,7 @@ class _InPlaceDone(_InPlace):
     @staticmethod
     def forward(ctx, padded, lay):
         ctx.mark_dirty(padded)
-        ctx.lay = lay
+        ctx.lay, ctx.fmt = lay, _format(padded)
         return padded
 
     @staticmethod
@@ -407,7 +427,7 @@ def cp_halo_exchange(x: Tensor, left, right, dim, group, padding_mode="zeros") -
 
 def halos(x: Tensor, left, right, dim, group, padding_mode="zeros"):
     if left == 0 and right == 0:
-        return tuple(torch.empty(_halo_shape(x.shape, dim, 0), dtype=x.dtype, device=x.device) for _ in "lr")
+        return tuple(_like(x, _halo_shape(x.shape, dim, 0)) for _ in "lr")
     return _apply(_Halos, x, left, right, dim, group, padding_mode)
 
 
@@ -463,7 +483,7 @@ def cp_halo_exchange_start(x: Tensor, left, right, dim, group, padding_mode="zer
     n = x.shape[dim]
     shape = list(x.shape)
     shape[dim] += left + right
-    out = torch.empty(shape, dtype=x.dtype, device=x.device)
+    out = _like(x, shape)
     with torch.no_grad():  # the node recorded at the wait is x's only link
         out.narrow(dim, left, n).copy_(x)
     return _started(lay, x, lambda: lay.finish_halos(out.narrow(dim, 0, left), out.narrow(dim, left + n, right)),
@@ -476,8 +496,8 @@ def halos_start(x: Tensor, left, right, dim, group, padding_mode="zeros"):
     if left == 0 and right == 0:
         return Exchange(None, lambda: halos(x, 0, 0, dim, group))
     lay = _layout(x, left, right, dim, group, padding_mode)
-    lh = torch.empty(_halo_shape(x.shape, dim, left), dtype=x.dtype, device=x.device)
-    rh = torch.empty(_halo_shape(x.shape, dim, right), dtype=x.dtype, device=x.device)
+    lh = _like(x, _halo_shape(x.shape, dim, left))
+    rh = _like(x, _halo_shape(x.shape, dim, right))
     return _started(lay, x, lambda: lay.finish_halos(lh, rh), (lh, rh), _HalosDone, (x, (lh, rh, lay)), _recording(x))
 
 

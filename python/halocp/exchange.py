@@ -54,8 +54,8 @@ def _contiguous_strides(shape) -> tuple:
     return strides_in_order(shape, range(len(shape)))
 
 
-def empty_in_order(shape, order, dtype) -> Tensor:
-    return torch.empty_strided(tuple(shape), strides_in_order(shape, order), dtype=dtype)
+def empty_in_order(shape, order, dtype, device=None) -> Tensor:
+    return torch.empty_strided(tuple(shape), strides_in_order(shape, order), dtype=dtype, device=device)
 
 
 def in_strides(t: Tensor, strides) -> Tensor:
