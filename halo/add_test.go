@@ -1,8 +1,14 @@
 package halo
 
 import (
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"encoding/json"
 	"math"
 	"math/rand"
+	"os"
+	"slices"
 	"testing"
 	"unsafe"
 )
@@ -77,5 +83,73 @@ func TestAddZeroVectorPath(t *testing.T) {
 		if f[i] != want[i] {
 			t.Fatalf("float32 [%d] %#x, want %#x", i, f[i], want[i])
 		}
+	}
+}
+
+// halfAddGolden is testdata/half_add.json, written by torch (half_add.py).
+type halfAddGolden struct {
+	B      []uint16   `json:"b"`
+	SHA256 string     `json:"sha256"`
+	Table  [][]uint16 `json:"table"`
+}
+
+// withKernels runs fn with only the half-precision kernels named on, as on
+// a CPU that has only those (or none).
+func withKernels(sse2, avx2, f16c bool, fn func()) {
+	saved := kernels
+	kernels.sse2, kernels.avx2, kernels.f16c = sse2, avx2, f16c
+	defer func() { kernels = saved }()
+	fn()
+}
+
+// The half-precision additions give torch's bits for every pattern a
+// against a set of b's (specials, subnormals, ties, NaNs of both signs and
+// several payloads), with the vector kernels and with the scalar fallback,
+// at lengths that take the vector body and the scalar tail.
+// (On a CPU without AVX2 or F16C the first check repeats a later one.)
+func TestHalfAddMatchesTorch(t *testing.T) {
+	raw, err := os.ReadFile("testdata/half_add.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var golden map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &golden); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range []DType{Float16, BFloat16} {
+		var g halfAddGolden
+		if err := json.Unmarshal(golden[d.String()], &g); err != nil {
+			t.Fatal(err)
+		}
+		check := func(mode string) {
+			for i, a := range g.B {
+				row := slices.Repeat([]uint16{a}, len(g.B))
+				addInto(d, unsafe.Pointer(&row[0]), unsafe.Pointer(&g.B[0]), len(row))
+				for j, want := range g.Table[i] {
+					if row[j] != want {
+						t.Fatalf("%v %s: %#04x + %#04x = %#04x, torch %#04x", d, mode, a, g.B[j], row[j], want)
+					}
+				}
+			}
+			h := sha256.New()
+			sum := make([]uint16, 1<<16)
+			src := make([]uint16, 1<<16)
+			for _, b := range g.B {
+				for i := range sum {
+					sum[i], src[i] = uint16(i), b
+				}
+				for done, n := 0, 1; done < len(sum); done, n = done+n, n%67+1 { // ragged pieces: bodies and tails
+					n = min(n, len(sum)-done)
+					addInto(d, unsafe.Pointer(&sum[done]), unsafe.Pointer(&src[done]), n)
+				}
+				binary.Write(h, binary.LittleEndian, sum)
+			}
+			if got := hex.EncodeToString(h.Sum(nil)); got != g.SHA256 {
+				t.Errorf("%v %s: the sums of every pattern with the b's of testdata/half_add.json differ from torch's (sha256 %s, torch %s)", d, mode, got, g.SHA256)
+			}
+		}
+		check("AVX2 and F16C")
+		withKernels(true, false, false, func() { check("SSE2") })
+		withKernels(false, false, false, func() { check("scalar") })
 	}
 }
