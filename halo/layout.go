@@ -227,3 +227,47 @@ func (w *walk) segments(elem, base int) []transport.Segment {
 	})
 	return segs
 }
+
+// window returns walks that together visit elements [lo, hi) of w's
+// visiting order, in that order, for a walk of at most one outer dimension
+// (a slab whose runs are evenly spaced: a contiguous halo, or one strided
+// along a single coalesced dimension); ok is false for other walks.
+func (w *walk) window(lo, hi int64) (ws []walk, ok bool) {
+	if len(w.outer) > 1 || lo < 0 || hi > w.runs()*w.run || lo >= hi {
+		return nil, false
+	}
+	part := func(row, col, rows, run int64) walk {
+		k := len(w.base)
+		v := walk{run: run, base: make([]int64, k), strides: make([][]int64, k), off: make([]int64, k)}
+		for j := range v.base {
+			v.base[j] = w.base[j] + col
+			if len(w.outer) == 1 {
+				v.base[j] += row * w.strides[j][0]
+				if rows > 1 {
+					v.strides[j] = []int64{w.strides[j][0]}
+				}
+			}
+		}
+		if rows > 1 {
+			v.outer = []int64{rows}
+		}
+		v.idx = make([]int64, len(v.outer))
+		return v
+	}
+	r0, c0 := lo/w.run, lo%w.run
+	r1, c1 := hi/w.run, hi%w.run // hi is exclusive: row r1 has c1 elements in
+	if r0 == r1 {
+		return []walk{part(r0, c0, 1, c1-c0)}, true
+	}
+	if c0 > 0 {
+		ws = append(ws, part(r0, c0, 1, w.run-c0))
+		r0++
+	}
+	if r1 > r0 {
+		ws = append(ws, part(r0, 0, r1-r0, w.run))
+	}
+	if c1 > 0 {
+		ws = append(ws, part(r1, 0, 1, c1))
+	}
+	return ws, true
+}
