@@ -220,9 +220,6 @@ type wireBatch struct{ b *ucx.Batch }
 
 func (b wireBatch) Post(bases []uintptr) error       { return classify(b.b.Post(bases)) }
 func (b wireBatch) Wait(timeout time.Duration) error { return classify(b.b.WaitFor(timeout)) }
-func (b wireBatch) WaitRecv(i int, timeout time.Duration) error {
-	return classify(b.b.WaitRecv(i, timeout))
-}
 func (b wireBatch) Test() (bool, error) {
 	done, err := b.b.Test()
 	return done, classify(err)

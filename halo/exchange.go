@@ -154,8 +154,7 @@ func (p *Plan) Test(d Direction) (done bool, err error) {
 }
 
 // Messages is how many messages one exchange of direction d sends and
-// receives: one per peer and kind, whatever the number of layouts (a
-// backward message cut in pieces counts once per piece: see pipeline).
+// receives: one per peer and kind, whatever the number of layouts.
 func (p *Plan) Messages(d Direction) int {
 	s, err := p.schedule(d)
 	if err != nil {
@@ -321,11 +320,6 @@ func (p *Plan) wait(s *schedule) error {
 		return err
 	}
 	if s.batch != nil {
-		if s.pipelined {
-			if err := p.addArrived(s); err != nil {
-				return p.failed(s, err)
-			}
-		}
 		if err := s.batch.Wait(p.g.opts.Timeout); err != nil {
 			return p.failed(s, err)
 		}
@@ -334,32 +328,14 @@ func (p *Plan) wait(s *schedule) error {
 	return nil
 }
 
-// addArrived does the additions in order, each as soon as the receives it
-// reads are in (a piece of a large message is added while it is still in
-// the cache, and while the next one arrives).
-func (p *Plan) addArrived(s *schedule) error {
-	x := p.g.exec
-	for ; s.added < len(s.add); s.added++ {
-		l := &s.add[s.added]
-		for r := l.recv; r < l.recv+l.recvs; r++ {
-			if err := s.batch.WaitRecv(r, p.g.opts.Timeout); err != nil {
-				return err
-			}
-		}
-		x.add(&l.w, l.dt, s.ptrs[l.dst], s.ptrs[l.src])
-	}
-	return nil
-}
-
-// complete unpacks and adds what arrived (the additions not done yet), in
-// the order of the output.
+// complete unpacks and adds what arrived, in the order of the output.
 func (p *Plan) complete(s *schedule) {
 	x := p.g.exec
 	for i := range s.unpack {
 		l := &s.unpack[i]
 		x.copy(&l.w, l.elem, s.ptrs[l.dst], s.ptrs[l.src])
 	}
-	for i := s.added; i < len(s.add); i++ {
+	for i := range s.add {
 		l := &s.add[i]
 		x.add(&l.w, l.dt, s.ptrs[l.dst], s.ptrs[l.src])
 	}
@@ -377,7 +353,7 @@ func (p *Plan) release(s *schedule) {
 	for i := 0; i < s.fixed; i++ {
 		s.ptrs[i], s.bases[i] = nil, 0
 	}
-	s.inFlight, s.added = false, 0
+	s.inFlight = false
 }
 
 // aliasing finds the padded layouts whose unpadded tensor is exactly the

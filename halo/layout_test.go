@@ -3,7 +3,6 @@ package halo
 import (
 	"math"
 	"math/rand"
-	"slices"
 	"testing"
 	"unsafe"
 )
@@ -247,50 +246,5 @@ func TestAddZeroMatchesArithmetic(t *testing.T) {
 		if want := F32ToBF16(BF16ToF32(uint16(h)) + 0); a[1] != want {
 			t.Fatalf("bfloat16 %#x: %#x, want %#x", h, a[1], want)
 		}
-	}
-}
-
-// A window of a walk visits exactly the elements [lo, hi) of the walk's
-// order, for every lo and hi, contiguous and strided.
-func TestWalkWindow(t *testing.T) {
-	for _, c := range []struct {
-		shape   []int64
-		strides [][]int64
-	}{
-		{[]int64{1, 37}, [][]int64{{37, 1}, {37, 1}}},
-		{[]int64{5, 7}, [][]int64{{20, 1}, {7, 1}}},
-		{[]int64{4, 3, 5}, [][]int64{{60, 20, 1}, {15, 5, 1}}}, // coalesces to one outer dim
-	} {
-		w := newWalk(c.shape, c.strides, []int64{3, 0})
-		var all [][2]int64
-		w.each(func(off []int64) {
-			for i := int64(0); i < w.run; i++ {
-				all = append(all, [2]int64{off[0] + i, off[1] + i})
-			}
-		})
-		n := int64(len(all))
-		for lo := int64(0); lo < n; lo++ {
-			for hi := lo + 1; hi <= n; hi++ {
-				parts, ok := w.window(lo, hi)
-				if !ok {
-					t.Fatalf("%v: window(%d, %d) refused", c.shape, lo, hi)
-				}
-				var got [][2]int64
-				for _, p := range parts {
-					p.each(func(off []int64) {
-						for i := int64(0); i < p.run; i++ {
-							got = append(got, [2]int64{off[0] + i, off[1] + i})
-						}
-					})
-				}
-				if !slices.Equal(got, all[lo:hi]) {
-					t.Fatalf("%v: window(%d, %d) visits %v, want %v", c.shape, lo, hi, got, all[lo:hi])
-				}
-			}
-		}
-	}
-	w := newWalk([]int64{3, 4, 5}, [][]int64{{100, 10, 1}, {20, 5, 1}}, []int64{0, 0})
-	if _, ok := w.window(0, 7); ok {
-		t.Fatal("a walk of two outer dims was windowed")
 	}
 }

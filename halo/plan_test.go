@@ -264,53 +264,6 @@ func TestForwardBackwardRandom(t *testing.T) {
 	}
 }
 
-// Backward messages cut in pieces (of 64 bytes here, so that small cases
-// have several, up to maxPieces) give the oracle's bits: each piece is added
-// on its own, and every element still gets the same additions in the same
-// order.
-func TestPiecesMatchOracle(t *testing.T) {
-	defer SetPipelineChunk(64)()
-	rng := rand.New(rand.NewSource(11))
-	n := 200
-	if testing.Short() {
-		n = 40
-	}
-	for i := 0; i < n; i++ {
-		c := randomCase(rng)
-		opts := GroupOptions{Timeout: 10 * time.Second, Transfer: Transfer(rng.Intn(3)), IOVMinSegment: int64(1 + rng.Intn(64))}
-		checkCase(t, rng, c, opts)
-	}
-	for i := 0; i < n/10; i++ {
-		W, K := 1+rng.Intn(4), 1+rng.Intn(4)
-		cases := make([]caseSpec, K)
-		for k := range cases {
-			c := randomCase(rng)
-			c.W, c.halos, c.inPlace = W, false, false
-			c.lengths = make([]int64, W)
-			for r := range c.lengths {
-				c.lengths[r] = int64(rng.Intn(5))
-			}
-			cases[k] = c
-		}
-		checkMulti(t, rng, cases)
-	}
-}
-
-func TestPieces(t *testing.T) {
-	for _, c := range []struct{ total, chunk, n, size int64 }{
-		{2 << 20, 256 << 10, 8, 256 << 10},
-		{2<<20 + 4, 256 << 10, 9, 256 << 10},
-		{256 << 10, 256 << 10, 1, 256 << 10},
-		{100, 0, 1, 100},
-		{1 << 30, 256 << 10, 64, 16 << 20}, // at most maxPieces
-		{1000, 64, 16, 64},
-	} {
-		if n, size := Pieces(c.total, c.chunk); n != c.n || size != c.size {
-			t.Errorf("pieces(%d, %d) = %d, %d; want %d, %d", c.total, c.chunk, n, size, c.n, c.size)
-		}
-	}
-}
-
 func TestReferenceCases(t *testing.T) {
 	rng := rand.New(rand.NewSource(2))
 	for _, c := range []caseSpec{

@@ -33,12 +33,7 @@ type schedule struct {
 	addZero []local // destination slices the reference adds zeros to (backward, edge ranks)
 	copyIn  []local // the interiors, unless the caller aliased them
 	unpack  []local // after the wait: destination <- staging
-	add     []local // in order, each once its receives are in: destination += staging
-
-	// pipelined: some message travels in pieces (see pipeline), so the
-	// wait adds each piece as it arrives; added counts the adds done.
-	pipelined bool
-	added     int
+	add     []local // after the wait, in order: destination += staging
 
 	// A padded layout's unpadded tensor may be the padded one's interior:
 	// then it is not copied. One entry per layout of a padded plan.
@@ -57,16 +52,13 @@ type alias struct {
 
 // local is one walk of local work over bases of the schedule: dst is
 // operand 0 of the walk, src (or -1) operand 1; elem and dt are the
-// layout's. layout indexes the schedule's alias entries (copyIn only). An
-// add reads what receives [recv, recv+recvs) brought (counting receives
-// only, in the order the batch posts them).
+// layout's. layout indexes the schedule's alias entries (copyIn only).
 type local struct {
-	w           walk
-	dst, src    int
-	elem        int
-	dt          DType
-	layout      int
-	recv, recvs int
+	w        walk
+	dst, src int
+	elem     int
+	dt       DType
+	layout   int
 }
 
 // region is where a range of slices of a layout's padded tensor
@@ -107,7 +99,6 @@ func (p *Plan) build() error {
 			return err
 		}
 	}
-	bops.ops = b.pipeline(bops.ops, pipelineChunk)
 	for _, sc := range []struct {
 		s   *schedule
 		ops []transport.Op
@@ -365,120 +356,4 @@ func (p *Plan) recvOp(s *schedule, l layoutPlan, r region, lo, hi int64, peer in
 		s.unpack = append(s.unpack, work)
 	}
 	return &transport.Op{Peer: peer, Tag: tag, Segs: []transport.Segment{{Base: base, Len: bytes}}}, nil
-}
-
-// pipelineChunk is the piece in which a large backward message travels,
-// so that each piece is added while it is still in the cache and while the
-// next one arrives: bench/RESULTS.md has the sizes measured.
-var pipelineChunk int64 = 256 << 10
-
-// maxPieces bounds the pieces of one message (larger messages get larger
-// pieces): every piece is a request of its own.
-const maxPieces = 64
-
-// pieces says how a message of total bytes is cut: n pieces of size bytes
-// (the last one shorter). Both ends compute it from what they agree on, the
-// message's length, so the pieces match.
-func pieces(total, chunk int64) (n, size int64) {
-	if chunk <= 0 || total <= chunk {
-		return 1, total
-	}
-	size = max(chunk, (total+maxPieces-1)/maxPieces)
-	size = (size + 63) &^ 63 // whole elements of every dtype
-	return (total + size - 1) / size, size
-}
-
-// pieceTag is the tag of piece k of a message: the piece number rides above
-// the plan and phase bits, so that every piece is matched by its own tag.
-func pieceTag(tag uint64, k int64) uint64 { return tag | uint64(k)<<32 }
-
-// pipeline cuts every message of ops longer than chunk (0: none) into
-// pieces, and numbers the receives that each addition reads (counting
-// receives only, in order, as the batch posts them): an addition of a
-// message cut in pieces becomes one addition per piece, each reading its
-// own piece, where its walk allows (else the whole addition waits for all
-// its pieces). The additions keep their order, so every element gets the
-// same additions in the same order as without pieces.
-func (s *schedule) pipeline(ops []transport.Op, chunk int64) []transport.Op {
-	var out []transport.Op
-	adds := map[int][]local{} // staging base -> its additions
-	recv := 0
-	for _, op := range ops {
-		total := op.Bytes()
-		n, size := pieces(total, chunk)
-		if n == 1 {
-			out = append(out, op)
-		} else {
-			s.pipelined = true
-			for k := int64(0); k < n; k++ {
-				out = append(out, transport.Op{Peer: op.Peer, Tag: pieceTag(op.Tag, k), Send: op.Send,
-					Segs: cutSegments(op.Segs, k*size, min((k+1)*size, total))})
-			}
-		}
-		if op.Send {
-			continue
-		}
-		at := int64(0) // where each segment starts in the message
-		for _, sg := range op.Segs {
-			for _, l := range s.add {
-				if l.src == sg.Base {
-					adds[sg.Base] = l.split(recv, at, n, size)
-				}
-			}
-			at += sg.Len
-		}
-		recv += int(n)
-	}
-	var numbered []local
-	for _, l := range s.add {
-		if a, ok := adds[l.src]; ok {
-			numbered = append(numbered, a...)
-		} else {
-			numbered = append(numbered, l) // reads no receive (recvs 0)
-		}
-	}
-	s.add = numbered
-	return out
-}
-
-// split numbers an addition that reads the bytes of a message from at on,
-// the message travelling as n pieces of size bytes from receive first on:
-// one addition per piece it reads, where its walk allows, else one that
-// waits for all of them.
-func (l local) split(first int, at, n, size int64) []local {
-	bytes := l.w.runs() * l.w.run * int64(l.elem)
-	k0, k1 := at/size, (at+bytes-1)/size+1 // the pieces it reads
-	whole := l
-	whole.recv, whole.recvs = first+int(k0), int(k1-k0)
-	if n == 1 || k1-k0 == 1 {
-		return []local{whole}
-	}
-	var out []local
-	for k := k0; k < k1; k++ {
-		lo, hi := max(k*size, at)-at, min((k+1)*size, at+bytes)-at
-		ws, ok := l.w.window(lo/int64(l.elem), hi/int64(l.elem))
-		if !ok {
-			return []local{whole}
-		}
-		for _, w := range ws {
-			piece := l
-			piece.w, piece.recv, piece.recvs = w, first+int(k), 1
-			out = append(out, piece)
-		}
-	}
-	return out
-}
-
-// cutSegments returns the bytes [lo, hi) of a message made of segs.
-func cutSegments(segs []transport.Segment, lo, hi int64) []transport.Segment {
-	var out []transport.Segment
-	at := int64(0)
-	for _, sg := range segs {
-		a, b := max(lo, at), min(hi, at+sg.Len)
-		if a < b {
-			out = append(out, transport.Segment{Base: sg.Base, Off: sg.Off + a - at, Len: b - a})
-		}
-		at += sg.Len
-	}
-	return out
 }

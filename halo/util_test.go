@@ -11,14 +11,3 @@ func PtrOf[T any](s []T) unsafe.Pointer { return unsafe.Pointer(unsafe.SliceData
 
 // Normalized is the spec with every default filled in, as a plan keeps it.
 func (s Spec) Normalized() Spec { return s.normalized() }
-
-// SetPipelineChunk sets the piece size of large backward messages for the
-// plans made after it, and returns a function that restores it.
-func SetPipelineChunk(bytes int64) (restore func()) {
-	saved := pipelineChunk
-	pipelineChunk = bytes
-	return func() { pipelineChunk = saved }
-}
-
-// Pieces is pieces, for the external tests.
-func Pieces(total, chunk int64) (n, size int64) { return pieces(total, chunk) }

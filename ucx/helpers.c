@@ -612,17 +612,9 @@ static int hux_batch_stop(hux_batch_t *b)
  * every HUX_CLOCK_EVERY polls while spinning and after every yield or sleep.
  * The timeout starts at the first clock reading, a few microseconds into the
  * wait: a wait that ends sooner (a small halo) reads no clock at all, which
- * here costs 43 ns a reading (kvm-clock). With op >= 0 the wait is over once
- * that operation has finished (the others may still be in flight); a
- * deadline or an abort still ends the whole batch.
+ * here costs 43 ns a reading (kvm-clock).
  */
-/* Whether a wait for operation op (every operation: op < 0) is over. */
-static inline int hux_batch_waited(const hux_batch_t *b, int op)
-{
-    return (op < 0) ? (b->pending == 0) : (b->ops[op].req == NULL);
-}
-
-int hux_batch_wait_op(hux_batch_t *b, int op, int64_t timeout_ns)
+int hux_batch_wait(hux_batch_t *b, int64_t timeout_ns)
 {
     hux_transport_t *t  = b->tr;
     ucp_worker_h worker = t->worker;
@@ -634,7 +626,7 @@ int hux_batch_wait_op(hux_batch_t *b, int op, int64_t timeout_ns)
     int64_t now;
 
     hux_batch_reap(b);
-    if (hux_batch_waited(b, op)) {
+    if (b->pending == 0) {
         return HUX_WAIT_DONE;
     }
     for (;;) {
@@ -642,14 +634,14 @@ int hux_batch_wait_op(hux_batch_t *b, int op, int64_t timeout_ns)
             idle       = 0;
             idle_since = 0;
             hux_batch_reap(b);
-            if (hux_batch_waited(b, op)) {
+            if (b->pending == 0) {
                 return HUX_WAIT_DONE;
             }
         }
         check = (++polls % HUX_CLOCK_EVERY) == 0;
         if ((t->spin >= 0) && (++idle > t->spin)) {
             hux_batch_reap(b);
-            if (hux_batch_waited(b, op)) {
+            if (b->pending == 0) {
                 return HUX_WAIT_DONE;
             }
             now = hux_now_ns();
@@ -669,7 +661,7 @@ int hux_batch_wait_op(hux_batch_t *b, int op, int64_t timeout_ns)
         }
         if (check) {
             hux_batch_reap(b);
-            if (hux_batch_waited(b, op)) {
+            if (b->pending == 0) {
                 return HUX_WAIT_DONE;
             }
             now = hux_now_ns();
@@ -681,11 +673,6 @@ int hux_batch_wait_op(hux_batch_t *b, int op, int64_t timeout_ns)
             }
         }
     }
-}
-
-int hux_batch_wait(hux_batch_t *b, int64_t timeout_ns)
-{
-    return hux_batch_wait_op(b, -1, timeout_ns);
 }
 
 /*

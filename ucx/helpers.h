@@ -112,7 +112,6 @@ ucs_status_t hux_ep_force_close(hux_transport_t *t, int peer, int64_t timeout_ns
 hux_batch_t *hux_batch_new(hux_transport_t *t, int nops, int nsegs, int nbases);
 int hux_batch_post(hux_batch_t *b);
 int hux_batch_wait(hux_batch_t *b, int64_t timeout_ns);
-int hux_batch_wait_op(hux_batch_t *b, int op, int64_t timeout_ns);
 int hux_batch_test(hux_batch_t *b);
 void hux_batch_abort(hux_batch_t *b, int why);
 void hux_batch_destroy(hux_batch_t *b);

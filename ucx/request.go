@@ -22,7 +22,6 @@ type Batch struct {
 	ops   []C.hux_op_t   // over c.ops
 	bases []C.uintptr_t  // over c.bases
 	info  []opInfo       // same order as ops, for error messages
-	recvs int            // ops[:recvs] are the receives, in the order given
 	// posted is true from a Post until the Wait that ends it.
 	posted bool
 }
@@ -77,7 +76,6 @@ func (t *Transport) Prepare(ops []transport.Op) (*Batch, error) {
 	}
 	b := &Batch{
 		t:     t,
-		recvs: len(order),
 		c:     c,
 		ops:   unsafe.Slice(c.ops, len(ops)),
 		bases: unsafe.Slice(c.bases, nbases),
@@ -242,34 +240,6 @@ func (b *Batch) Test() (done bool, err error) {
 		return false, nil
 	}
 	return true, b.result()
-}
-
-// WaitRecv progresses until the i-th receive of the batch (counting
-// receives only, in the order given to Prepare) has completed, or timeout
-// has passed; the other operations may still be in flight, and Wait ends the
-// post. A receive that failed (or came with the wrong length), a timeout or
-// an abort ends the whole post first, as Wait does, and its error is
-// returned.
-func (b *Batch) WaitRecv(i int, timeout time.Duration) error {
-	t := b.t
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if b.c == nil {
-		return ErrClosed
-	}
-	if !b.posted {
-		return errNotPosted
-	}
-	if i < 0 || i >= b.recvs {
-		return fmt.Errorf("ucx: wait: receive %d of a batch of %d receives", i, b.recvs)
-	}
-	if C.hux_batch_wait_op(b.c, C.int(i), C.int64_t(timeout)) == C.HUX_WAIT_DONE {
-		if op := &b.ops[i]; op.status == C.UCS_OK && op.received == op.bytes {
-			return nil
-		}
-		C.hux_batch_wait(b.c, C.int64_t(timeout))
-	}
-	return b.result()
 }
 
 // result ends a post whose operations have all finished.

@@ -131,37 +131,6 @@ func (b *memBatch) Wait(timeout time.Duration) error {
 	}
 }
 
-func (b *memBatch) WaitRecv(i int, timeout time.Duration) error {
-	op := -1
-	for j := range b.ops {
-		if !b.ops[j].Send {
-			if i == 0 {
-				op = j
-				break
-			}
-			i--
-		}
-	}
-	if op < 0 {
-		return fmt.Errorf("%w: rank %d: no receive %d in the batch", halo.ErrInvalid, b.t.rank, i)
-	}
-	deadline := time.Now().Add(timeout)
-	for {
-		ch, pending, err := b.poll()
-		if err != nil || b.done[op] {
-			return err
-		}
-		wait := time.Until(deadline)
-		if wait <= 0 {
-			return fmt.Errorf("%w waiting for: %s", halo.ErrTimeout, strings.Join(pending, ", "))
-		}
-		select {
-		case <-ch:
-		case <-time.After(wait):
-		}
-	}
-}
-
 func (b *memBatch) Test() (bool, error) {
 	_, pending, err := b.poll()
 	return err != nil || len(pending) == 0, err
@@ -204,6 +173,9 @@ func (b *memBatch) poll() (<-chan struct{}, []string, error) {
 			copy(unsafe.Slice((*byte)(at(b.bases[s.Base], s.Off)), s.Len), msg[:s.Len])
 			msg = msg[s.Len:]
 		}
+	}
+	if len(pending) == 0 {
+		b.done = nil // the next Post starts afresh
 	}
 	return h.changed, pending, nil
 }

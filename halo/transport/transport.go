@@ -75,11 +75,6 @@ type Batch interface {
 	// on failure it names the peers and operations still pending. After a
 	// failed Wait the transport is unusable.
 	Wait(timeout time.Duration) error
-	// WaitRecv progresses until the i-th receive (counting receives only,
-	// in the order given to Prepare) has arrived, so that the caller can
-	// use it while the rest are in flight; Wait still ends the post. A
-	// failure ends the whole post as Wait's would, and is returned.
-	WaitRecv(i int, timeout time.Duration) error
 	// Test progresses without blocking; once every posted operation has
 	// completed it reports done, with the error Wait would have returned.
 	Test() (done bool, err error)
