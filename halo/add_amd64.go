@@ -18,11 +18,18 @@ func addF16x16(dst, src *uint16, n int)
 //go:noescape
 func addF32x4(dst, src *float32, n int)
 
-// kernels says which half-precision kernels this CPU runs, chosen once at
-// start (SSE2 is part of every amd64 CPU); tests turn them off to check the
-// code the other CPUs run.
-var kernels = struct{ sse2, avx2, f16c bool }{
+//go:noescape
+func addF32x32(dst, src *float32, n int)
+
+//go:noescape
+func addF64x16(dst, src *float64, n int)
+
+// kernels says which kernels this CPU runs, chosen once at start (SSE2 is
+// part of every amd64 CPU); tests turn them off to check the code the other
+// CPUs run.
+var kernels = struct{ sse2, avx, avx2, f16c bool }{
 	sse2: true,
+	avx:  cpuid.X86.HasAVX,
 	avx2: cpuid.X86.HasAVX2,
 	f16c: cpuid.X86.HasAVX && cpuid.X86.HasF16C,
 }
@@ -58,11 +65,29 @@ func addF16Vector(a, b []uint16) int {
 	return n
 }
 
+// addF32Vector adds the leading multiple of 32 (AVX) or 4 (SSE2) elements
+// and says how many it did.
 func addF32Vector(a, b []float32) int {
-	n := len(a) &^ 3
-	if n > 0 {
-		addF32x4(&a[0], &b[0], n)
+	if n := len(a) &^ 31; kernels.avx && n > 0 {
+		addF32x32(&a[0], &b[0], n)
+		return n + addF32Vector(a[n:], b[n:])
 	}
+	n := len(a) &^ 3
+	if kernels.sse2 && n > 0 {
+		addF32x4(&a[0], &b[0], n)
+		return n
+	}
+	return 0
+}
+
+// addF64Vector adds the leading multiple of 16 elements with AVX, if the
+// CPU has it, and says how many it did.
+func addF64Vector(a, b []float64) int {
+	n := len(a) &^ 15
+	if !kernels.avx || n == 0 {
+		return 0
+	}
+	addF64x16(&a[0], &b[0], n)
 	return n
 }
 

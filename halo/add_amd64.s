@@ -193,3 +193,61 @@ bf16avxloop:
 bf16avxdone:
 	VZEROUPPER
 	RET
+
+// func addF32x32(dst, src *float32, n int)
+// dst[i] += src[i] for n elements, n a multiple of 32. Needs AVX.
+TEXT ·addF32x32(SB), NOSPLIT, $0-24
+	MOVQ dst+0(FP), DI
+	MOVQ src+8(FP), SI
+	MOVQ n+16(FP), CX
+f32avxloop:
+	CMPQ CX, $32
+	JLT  f32avxdone
+	VMOVUPS (DI), Y0
+	VMOVUPS 32(DI), Y1
+	VMOVUPS 64(DI), Y2
+	VMOVUPS 96(DI), Y3
+	VADDPS (SI), Y0, Y0
+	VADDPS 32(SI), Y1, Y1
+	VADDPS 64(SI), Y2, Y2
+	VADDPS 96(SI), Y3, Y3
+	VMOVUPS Y0, (DI)
+	VMOVUPS Y1, 32(DI)
+	VMOVUPS Y2, 64(DI)
+	VMOVUPS Y3, 96(DI)
+	ADDQ $128, DI
+	ADDQ $128, SI
+	SUBQ $32, CX
+	JMP  f32avxloop
+f32avxdone:
+	VZEROUPPER
+	RET
+
+// func addF64x16(dst, src *float64, n int)
+// dst[i] += src[i] for n elements, n a multiple of 16. Needs AVX.
+TEXT ·addF64x16(SB), NOSPLIT, $0-24
+	MOVQ dst+0(FP), DI
+	MOVQ src+8(FP), SI
+	MOVQ n+16(FP), CX
+f64avxloop:
+	CMPQ CX, $16
+	JLT  f64avxdone
+	VMOVUPD (DI), Y0
+	VMOVUPD 32(DI), Y1
+	VMOVUPD 64(DI), Y2
+	VMOVUPD 96(DI), Y3
+	VADDPD (SI), Y0, Y0
+	VADDPD 32(SI), Y1, Y1
+	VADDPD 64(SI), Y2, Y2
+	VADDPD 96(SI), Y3, Y3
+	VMOVUPD Y0, (DI)
+	VMOVUPD Y1, 32(DI)
+	VMOVUPD Y2, 64(DI)
+	VMOVUPD Y3, 96(DI)
+	ADDQ $128, DI
+	ADDQ $128, SI
+	SUBQ $16, CX
+	JMP  f64avxloop
+f64avxdone:
+	VZEROUPPER
+	RET

@@ -56,7 +56,7 @@ func addInto(d DType, dst, src unsafe.Pointer, n int) {
 		}
 	case Float64:
 		a, b := unsafe.Slice((*float64)(dst), n), unsafe.Slice((*float64)(src), n)
-		for i := range a {
+		for i := addF64Vector(a, b); i < n; i++ {
 			a[i] += b[i]
 		}
 	case Float16:
