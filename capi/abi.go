@@ -26,6 +26,9 @@ func abiMismatches() []string {
 		{"HALO_FLOAT16", C.HALO_FLOAT16, int64(halo.Float16)},
 		{"HALO_BFLOAT16", C.HALO_BFLOAT16, int64(halo.BFloat16)},
 		{"HALO_PAD_ZEROS", C.HALO_PAD_ZEROS, int64(halo.PadZeros)},
+		{"HALO_PAD_REPLICATE", C.HALO_PAD_REPLICATE, int64(halo.PadReplicate)},
+		{"HALO_PAD_REFLECT", C.HALO_PAD_REFLECT, int64(halo.PadReflect)},
+		{"HALO_PAD_CIRCULAR", C.HALO_PAD_CIRCULAR, int64(halo.PadCircular)},
 		{"HALO_BOOTSTRAP_RENDEZVOUS", C.HALO_BOOTSTRAP_RENDEZVOUS, int64(comm.BootstrapRendezvous)},
 		{"HALO_BOOTSTRAP_EXTERNAL", C.HALO_BOOTSTRAP_EXTERNAL, int64(comm.BootstrapExternal)},
 	}

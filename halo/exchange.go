@@ -293,6 +293,10 @@ func (p *Plan) startWith(s *schedule, ptrs []unsafe.Pointer) error {
 		l := &s.zero[i]
 		x.zero(&l.w, l.elem, s.ptrs[l.dst])
 	}
+	for i := range s.fill {
+		l := &s.fill[i]
+		x.copy(&l.w, l.elem, s.ptrs[l.dst], s.ptrs[l.src])
+	}
 	for i := range s.copyIn {
 		if l := &s.copyIn[i]; !s.aliased[l.layout] {
 			x.copy(&l.w, l.elem, s.ptrs[l.dst], s.ptrs[l.src])
@@ -338,6 +342,13 @@ func (p *Plan) complete(s *schedule) {
 	for i := range s.add {
 		l := &s.add[i]
 		x.add(&l.w, l.dt, s.ptrs[l.dst], s.ptrs[l.src])
+	}
+	for i := range s.combine {
+		if l := &s.combine[i]; l.add {
+			x.add(&l.w, l.dt, s.ptrs[l.dst], s.ptrs[l.src])
+		} else {
+			x.copy(&l.w, l.elem, s.ptrs[l.dst], s.ptrs[l.src])
+		}
 	}
 	p.release(s)
 }

@@ -165,39 +165,33 @@ func addScalar(d DType, a, b uint64) uint64 {
 // oracle computes every rank's forward output and input gradient from the
 // whole global sequence, element by element, straight from the semantics.
 func Oracle(d DType, xs, grads []Logical, dim int, L, R int64) (outs, gradXs []Logical) {
+	return OraclePadding(d, xs, grads, dim, L, R, PadZeros)
+}
+
+// OraclePadding is Oracle under a padding mode. Other than zeros it is the
+// definition: rank r's output is F.pad(global, (L, R), mode) sliced to
+// [off_r, off_r + n_r + L + R); the gradient is F.pad's backward (torch
+// 1.13's order, from +0) of the gathered padded gradient, whose slots sum
+// the ranks' grad_out in the documented order.
+func OraclePadding(d DType, xs, grads []Logical, dim int, L, R int64, mode Padding) (outs, gradXs []Logical) {
+	if mode != PadZeros {
+		return oracleModes(d, xs, grads, dim, L, R, mode)
+	}
 	W := len(xs)
 	off := make([]int64, W+1)
 	for r := range xs {
 		off[r+1] = off[r] + xs[r].Shape[dim]
 	}
 	N := off[W]
-	// valueAt returns the global element at position P along dim with the
-	// other coordinates taken from idx.
-	valueAt := func(P int64, idx []int64) uint64 {
-		for q := 0; q < W; q++ {
-			if P >= off[q] && P < off[q+1] {
-				j := append([]int64(nil), idx...)
-				j[dim] = P - off[q]
-				return xs[q].Bits[OffsetOf(j, ContiguousStrides(xs[q].Shape))]
-			}
+	outs = oracleOuts(xs, dim, L, R, func(g int64) int64 {
+		if g >= 0 && g < N {
+			return g
 		}
-		panic("no owner")
-	}
+		return -1
+	})
 	for r := 0; r < W; r++ {
 		n := xs[r].Shape[dim]
-		oshape := append([]int64(nil), xs[r].Shape...)
-		oshape[dim] += L + R
-		out := Logical{Shape: oshape, Bits: make([]uint64, Numel(oshape))}
-		idx := make([]int64, len(oshape))
-		for i := range out.Bits {
-			Unravel(oshape, int64(i), idx)
-			P := off[r] - L + idx[dim]
-			if P >= 0 && P < N {
-				out.Bits[i] = valueAt(P, idx)
-			}
-		}
-		outs = append(outs, out)
-
+		idx := make([]int64, len(xs[r].Shape))
 		gx := Logical{Shape: xs[r].Shape, Bits: make([]uint64, Numel(xs[r].Shape))}
 		for i := range gx.Bits {
 			Unravel(xs[r].Shape, int64(i), idx[:len(xs[r].Shape)])
@@ -226,6 +220,134 @@ func Oracle(d DType, xs, grads []Logical, dim int, L, R int64) (outs, gradXs []L
 			}
 			if r == 0 && j[dim] < R {
 				v = addScalar(d, v, 0)
+			}
+			gx.Bits[i] = v
+		}
+		gradXs = append(gradXs, gx)
+	}
+	return
+}
+
+// oracleOuts is every rank's forward output: padded global position g shows
+// global slice src(g), or zero where that is -1.
+func oracleOuts(xs []Logical, dim int, L, R int64, src func(g int64) int64) (outs []Logical) {
+	off := []int64{0}
+	for r := range xs {
+		off = append(off, off[r]+xs[r].Shape[dim])
+	}
+	for r := range xs {
+		oshape := append([]int64(nil), xs[r].Shape...)
+		oshape[dim] += L + R
+		out := Logical{Shape: oshape, Bits: make([]uint64, Numel(oshape))}
+		idx := make([]int64, len(oshape))
+		for i := range out.Bits {
+			Unravel(oshape, int64(i), idx)
+			s := src(off[r] - L + idx[dim])
+			for q := range xs {
+				if s >= off[q] && s < off[q+1] {
+					j := append([]int64(nil), idx...)
+					j[dim] = s - off[q]
+					out.Bits[i] = xs[q].Bits[OffsetOf(j, ContiguousStrides(xs[q].Shape))]
+				}
+			}
+		}
+		outs = append(outs, out)
+	}
+	return outs
+}
+
+func oracleModes(d DType, xs, grads []Logical, dim int, L, R int64, mode Padding) (outs, gradXs []Logical) {
+	W := len(xs)
+	off := make([]int64, W+1)
+	for r := range xs {
+		off[r+1] = off[r] + xs[r].Shape[dim]
+	}
+	T := off[W]
+	src := func(g int64) int64 { // the global slice that padded position g shows
+		switch {
+		case g >= 0 && g < T:
+			return g
+		case mode == PadReplicate:
+			return min(max(g, 0), T-1)
+		case mode == PadReflect && g < 0:
+			return -g
+		case mode == PadReflect:
+			return 2*(T-1) - g
+		}
+		return ((g % T) + T) % T
+	}
+	at := func(t Logical, first int64, g int64, idx []int64) uint64 { // t's slice g-first, other coordinates idx's
+		j := append([]int64(nil), idx...)
+		j[dim] = g - first
+		return t.Bits[OffsetOf(j, ContiguousStrides(t.Shape))]
+	}
+	owner := func(g int64) int {
+		for q := 0; q < W; q++ {
+			if g >= off[q] && g < off[q+1] {
+				return q
+			}
+		}
+		panic("no owner")
+	}
+	covers := func(s int, g int64) bool { return g >= off[s]-L && g < off[s+1]+R }
+	// gp is the gathered padded gradient at global position g: the owner's
+	// own, the ranks to the right nearest first, then those to the left;
+	// beyond the ends, the ranks nearest the end first.
+	gp := func(g int64, idx []int64) uint64 {
+		var order []int
+		switch {
+		case g < 0:
+			for s := 0; s < W; s++ {
+				order = append(order, s)
+			}
+		case g >= T:
+			for s := W - 1; s >= 0; s-- {
+				order = append(order, s)
+			}
+		default:
+			o := owner(g)
+			order = append(order, o)
+			for s := o + 1; s < W; s++ {
+				order = append(order, s)
+			}
+			for s := o - 1; s >= 0; s-- {
+				order = append(order, s)
+			}
+		}
+		var v uint64
+		first := true
+		for _, s := range order {
+			if !covers(s, g) {
+				continue
+			}
+			if first {
+				v, first = at(grads[s], off[s]-L, g, idx), false
+			} else {
+				v = addScalar(d, v, at(grads[s], off[s]-L, g, idx))
+			}
+		}
+		return v
+	}
+	outs = oracleOuts(xs, dim, L, R, src)
+	for r := 0; r < W; r++ {
+		idx := make([]int64, len(xs[r].Shape))
+		gx := Logical{Shape: xs[r].Shape, Bits: make([]uint64, Numel(xs[r].Shape))}
+		for i := range gx.Bits {
+			Unravel(xs[r].Shape, int64(i), idx)
+			p := off[r] + idx[dim]
+			v := uint64(0)           // torch's backward starts from +0
+			if mode == PadCircular { // its own, the right slot, the left slot
+				for _, g := range []int64{p, p + T, p - T} {
+					if g >= -L && g < T+R {
+						v = addScalar(d, v, gp(g, idx))
+					}
+				}
+			} else { // every position showing p, in increasing order
+				for g := -L; g < T+R; g++ {
+					if src(g) == p {
+						v = addScalar(d, v, gp(g, idx))
+					}
+				}
 			}
 			gx.Bits[i] = v
 		}

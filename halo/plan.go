@@ -8,12 +8,32 @@ import (
 	"github.com/halo-cp/halo/halo/transport"
 )
 
-// Padding says what fills halo slices outside the global sequence.
+// Padding says what fills halo slices outside the global sequence: the
+// padding modes of torch.nn.Conv3d (see include/halo.h for the gradients'
+// order).
 type Padding int32
 
 const (
-	PadZeros Padding = 0 // the reference's behaviour
+	PadZeros     Padding = 0 // the reference's behaviour
+	PadReplicate Padding = 1 // the edge slice repeated
+	PadReflect   Padding = 2 // mirrored about the edge slice, which is not repeated
+	PadCircular  Padding = 3 // wrapped around the sequence
 )
+
+// String is the mode as torch spells padding_mode.
+func (p Padding) String() string {
+	switch p {
+	case PadZeros:
+		return "zeros"
+	case PadReplicate:
+		return "replicate"
+	case PadReflect:
+		return "reflect"
+	case PadCircular:
+		return "circular"
+	}
+	return fmt.Sprintf("padding(%d)", int32(p))
+}
 
 // Spec is the local layout a plan is made for. Strides are in elements; nil
 // means contiguous. The out tensor has x's shape with Left+Right more slices
@@ -100,8 +120,11 @@ func (g *Group) NewMultiPlan(specs []Spec) (*Plan, error) {
 	if err != nil {
 		return nil, err
 	}
-	for _, l := range lengths {
+	for k, l := range lengths {
 		p.parts = append(p.parts, newPartition(l))
+		if err := p.parts[k].checkPadding(&p.specs[k]); err != nil {
+			return nil, fmt.Errorf("%w: rank %d: plan %d: %s%v", ErrInvalid, g.Rank(), p.id, layoutName(k, len(lengths)), err)
+		}
 	}
 	if err := p.build(); err != nil {
 		p.Close()
@@ -132,8 +155,8 @@ func (s *Spec) validate() error {
 	if s.Left < 0 || s.Right < 0 {
 		return fmt.Errorf("halo sizes must not be negative (left %d, right %d)", s.Left, s.Right)
 	}
-	if s.Padding != PadZeros {
-		return fmt.Errorf("unknown padding %d", s.Padding)
+	if s.Padding < PadZeros || s.Padding > PadCircular {
+		return fmt.Errorf("unknown padding %d (want zeros 0, replicate 1, reflect 2 or circular 3)", int32(s.Padding))
 	}
 	for i, n := range s.Shape {
 		if n < 0 {
@@ -475,6 +498,14 @@ func (p *Plan) WireBytes() (sent, received int64) {
 		}
 		for _, m := range p.parts[k].incoming(me, s.Left, s.Right) {
 			received += (m.hi - m.lo) * slice
+		}
+		for _, pc := range p.parts[k].padPieces(s.Left, s.Right, s.Padding) {
+			lo, hi := pc.sources()
+			if pc.owner == me && pc.dst != me {
+				sent += (hi - lo) * slice
+			} else if pc.dst == me && pc.owner != me {
+				received += (hi - lo) * slice
+			}
 		}
 	}
 	return

@@ -26,11 +26,12 @@ type caseSpec struct {
 	strided bool
 	halos   bool // a halos-only plan: left and right tensors, grad_x added to
 	async   bool // Start, then Test until done or Wait
+	padding Padding
 }
 
 func (c caseSpec) String() string {
-	return fmt.Sprintf("W=%d %v shape=%v dim=%d lengths=%v L=%d R=%d inplace=%v strided=%v halos=%v async=%v",
-		c.W, c.dtype, c.shape, c.dim, c.lengths, c.L, c.R, c.inPlace, c.strided, c.halos, c.async)
+	return fmt.Sprintf("W=%d %v shape=%v dim=%d lengths=%v L=%d R=%d inplace=%v strided=%v halos=%v async=%v padding=%v",
+		c.W, c.dtype, c.shape, c.dim, c.lengths, c.L, c.R, c.inPlace, c.strided, c.halos, c.async, c.padding)
 }
 
 // sliceAlong is slices [lo, hi) of t along dim.
@@ -88,7 +89,7 @@ func checkCase(t *testing.T, rng *rand.Rand, c caseSpec, opts GroupOptions) {
 		for i := range grads[r].Bits {
 			grads[r].Bits[i] = RandomValue(rng, c.dtype)
 		}
-		s := Spec{DType: c.dtype, Shape: sh, Dim: c.dim, Left: c.L, Right: c.R, HalosOnly: c.halos}
+		s := Spec{DType: c.dtype, Shape: sh, Dim: c.dim, Left: c.L, Right: c.R, HalosOnly: c.halos, Padding: c.padding}
 		if c.strided {
 			s.OutStrides = RandomStrides(rng, osh)
 			s.GradOutStrides = RandomStrides(rng, osh)
@@ -113,7 +114,7 @@ func checkCase(t *testing.T, rng *rand.Rand, c caseSpec, opts GroupOptions) {
 		}
 		specs[r] = s.Normalized()
 	}
-	wantOut, wantGX := Oracle(c.dtype, xs, grads, c.dim, c.L, c.R)
+	wantOut, wantGX := OraclePadding(c.dtype, xs, grads, c.dim, c.L, c.R, c.padding)
 	var mu sync.Mutex
 	var failures []string
 	errs := halotest.Groups(c.W, opts, func(g *Group) error {
@@ -571,13 +572,13 @@ func checkMulti(t *testing.T, rng *rand.Rand, cases []caseSpec) {
 				g.Bits[i] = RandomValue(rng, c.dtype)
 			}
 			d.xs, d.grads = append(d.xs, x), append(d.grads, g)
-			s := Spec{DType: c.dtype, Shape: sh, Dim: c.dim, Left: c.L, Right: c.R, HalosOnly: c.halos}
+			s := Spec{DType: c.dtype, Shape: sh, Dim: c.dim, Left: c.L, Right: c.R, HalosOnly: c.halos, Padding: c.padding}
 			if c.strided && !c.halos {
 				s.XStrides, s.OutStrides = RandomStrides(rng, sh), RandomStrides(rng, osh)
 			}
 			d.specs = append(d.specs, s.Normalized())
 		}
-		d.wantOut, d.wantGX = Oracle(c.dtype, d.xs, d.grads, c.dim, c.L, c.R)
+		d.wantOut, d.wantGX = OraclePadding(c.dtype, d.xs, d.grads, c.dim, c.L, c.R, c.padding)
 	}
 	var mu sync.Mutex
 	var failures []string

@@ -29,11 +29,13 @@ type schedule struct {
 	ptrs    []unsafe.Pointer // the same, for the local work
 	staging []transport.Buffer
 	pack    []local // before Post: staging <- source
-	zero    []local // destination slices outside the sequence (forward)
+	zero    []local // destination slices outside the sequence (forward, zeros padding)
+	fill    []local // destination slices outside the sequence from our own slices (forward, other padding)
 	addZero []local // destination slices the reference adds zeros to (backward, edge ranks)
 	copyIn  []local // the interiors, unless the caller aliased them
 	unpack  []local // after the wait: destination <- staging
 	add     []local // after the wait, in order: destination += staging
+	combine []local // then, in order: the padding slots' gradients (padding.go)
 
 	// A padded layout's unpadded tensor may be the padded one's interior:
 	// then it is not copied. One entry per layout of a padded plan.
@@ -59,6 +61,7 @@ type local struct {
 	elem     int
 	dt       DType
 	layout   int
+	add      bool // combine only: add rather than copy
 }
 
 // region is where a range of slices of a layout's padded tensor
@@ -204,7 +207,7 @@ func (p *Plan) buildLayout(l layoutPlan, base0 int, fops, bops *opList) error {
 		fops.add(op)
 	}
 	for side, r := range [][2]int64{{0, padL}, {L + n + R - padR, L + n + R}} {
-		if r[0] < r[1] {
+		if r[0] < r[1] && s.Padding == PadZeros {
 			f.zero = append(f.zero, p.oneOperand(l, fside[side], r[0], r[1]))
 		}
 	}
@@ -219,10 +222,11 @@ func (p *Plan) buildLayout(l layoutPlan, base0 int, fops, bops *opList) error {
 	// other additions (it only turns -0 into +0 and quiets NaNs), so that
 	// pass runs while the wire works.
 	W := p.g.Size()
-	if me == W-1 && L > 0 && n > 0 {
+	zeros := s.Padding == PadZeros
+	if zeros && me == W-1 && L > 0 && n > 0 {
 		b.addZero = append(b.addZero, p.oneOperand(l, gxr, L+n-min(L, n), L+n))
 	}
-	if me == 0 && R > 0 && n > 0 {
+	if zeros && me == 0 && R > 0 && n > 0 {
 		b.addZero = append(b.addZero, p.oneOperand(l, gxr, L, L+min(R, n)))
 	}
 	for _, m := range out {
@@ -243,7 +247,10 @@ func (p *Plan) buildLayout(l layoutPlan, base0 int, fops, bops *opList) error {
 		b.copyIn = append(b.copyIn, p.twoOperands(l, gxr, bmid, L, L+n, len(b.alias)))
 		b.alias = append(b.alias, alias{gxr.base, bmid.base, p.aliasOffset(l, s.GradXStrides, s.GradOutStrides)})
 	}
-	return nil
+	if zeros {
+		return nil
+	}
+	return p.buildPadding(l, fside, bside, xr, gxr, fops, bops)
 }
 
 // haloShape is the shape of a halo tensor of k slices.

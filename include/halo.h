@@ -30,10 +30,10 @@ extern "C" {
 
 /** @brief Version of this header. Compare with halo_version_number(). */
 #define HALO_VERSION_MAJOR 0
-#define HALO_VERSION_MINOR 2
+#define HALO_VERSION_MINOR 3
 #define HALO_VERSION_PATCH 0
 #define HALO_VERSION_NUMBER (HALO_VERSION_MAJOR * 10000 + HALO_VERSION_MINOR * 100 + HALO_VERSION_PATCH)
-#define HALO_VERSION_STRING "0.2.0"
+#define HALO_VERSION_STRING "0.3.0"
 
 /** @brief Result codes. Values are fixed forever; new ones are appended. */
 typedef enum halo_result {
@@ -58,9 +58,34 @@ typedef enum halo_dtype {
     HALO_BFLOAT16 = 3
 } halo_dtype_t;
 
-/** @brief What fills halo slices outside the global sequence. */
+/**
+ * @brief What fills halo slices outside the global sequence of T slices: the
+ * padding modes of torch.nn.Conv3d. Rank r's padded output is F.pad of the
+ * gathered sequence along dim, sliced to its shard and halos: a slot at
+ * global position g < 0 or g >= T shows slice clamp(g, 0, T-1) (replicate),
+ * -g or 2(T-1)-g (reflect: the edge slice is not repeated) or g mod T
+ * (circular). The source may be on any rank, the caller's own included.
+ * Reflect needs left, right < T, circular left, right <= T, replicate T > 0:
+ * otherwise plan creation fails with HALO_ERR_INVALID_ARGUMENT naming the
+ * mode, the halos and T. Ranks that disagree get HALO_ERR_MISMATCH.
+ *
+ * Backward (modes other than zeros): each slot's gradient is added to the
+ * slice it was copied from, so that grad_x is bit-identical to torch 1.13's
+ * CPU F.pad backward of the gathered padded gradient. That gradient sums the
+ * ranks' grad_out at each position: the owner's own, then the ranks to its
+ * right nearest first, then those to its left; a slot beyond an end, the
+ * ranks nearest that end first. F.pad's backward then adds: replicate and
+ * reflect, from +0, every position showing a slice in increasing position
+ * (replicate's left slots summed first); circular, the slice's own, then the
+ * right slot (+0 where a right halo exists but the slice is not its source),
+ * then the left slot (likewise). float16 and bfloat16 add in float32 and
+ * round after each addition, in that order.
+ */
 typedef enum halo_padding {
-    HALO_PAD_ZEROS = 0
+    HALO_PAD_ZEROS     = 0, /**< zeros, no gradient (the reference) */
+    HALO_PAD_REPLICATE = 1, /**< the edge slice repeated */
+    HALO_PAD_REFLECT   = 2, /**< mirrored about the edge slice */
+    HALO_PAD_CIRCULAR  = 3  /**< wrapped around: rank 0's left halo ends the sequence */
 } halo_padding_t;
 
 /** @brief The two exchanges of a plan, for the asynchronous calls. */
@@ -130,7 +155,8 @@ enum {
  * elements; unset strides mean contiguous. out and grad_out have x's shape
  * with left + right more slices along dim; grad_out's strides default to
  * out's, grad_x's to x's. Shards may differ in length along dim between
- * ranks; every other field must agree on all ranks.
+ * ranks; every other field must agree on all ranks. padding (zeros unless
+ * HALO_PLAN_PARAM_PADDING is set) fills the slots beyond the sequence's ends.
  *
  * A halos-only plan (halos_only = 1) has no padded tensors: its forward
  * writes the left and right halos into tensors of their own (x's shape with
@@ -162,7 +188,7 @@ typedef struct halo_plan_params {
 
 /** @brief Version of the loaded library, as HALO_VERSION_NUMBER. */
 int halo_version_number(void);
-/** @brief Version string of the loaded library, e.g. "0.2.0". */
+/** @brief Version string of the loaded library, e.g. "0.3.0". */
 const char *halo_version_string(void);
 
 /** @brief A static description of a result code. */

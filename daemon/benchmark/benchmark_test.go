@@ -68,6 +68,7 @@ func TestOptionErrors(t *testing.T) {
 		{"dim", func(o *Options) { o.Shape, o.Dim = []int64{4, 4}, 2 }, "--dim 2 is out of range"},
 		{"min max", func(o *Options) { o.MinBytes, o.MaxBytes = 10, 5 }, "below --min-bytes"},
 		{"step", func(o *Options) { o.StepFactor = 1 }, "--step-factor"},
+		{"padding", func(o *Options) { o.Padding = "mirror" }, `--padding: unknown padding "mirror"`},
 		{"iters", func(o *Options) { o.MinIters, o.MaxIters = 10, 5 }, "--max-iters"},
 		{"plot", func(o *Options) { o.PlotPath = "x.jpg" }, ".png"},
 		{"progress", func(o *Options) { o.Progress = "maybe" }, "--progress"},
@@ -120,13 +121,24 @@ func TestCheckPasses(t *testing.T) {
 		{"multi-hop", []int64{2, 1, 3}, 1, 2, 3},
 	}
 	for _, W := range []int{1, 2, 3} {
-		for _, lc := range layouts {
-			for _, dt := range []string{"float32", "bfloat16", "float16", "float64"} {
+		for k, lc := range layouts {
+			for j, dt := range []string{"float32", "bfloat16", "float16", "float64"} {
 				for _, inPlace := range []bool{true, false} {
-					name := fmt.Sprintf("W%d/%s/%s/inplace=%v", W, lc.name, dt, inPlace)
+					// Every padding mode in turn, where the sequence is
+					// long enough for it (torch's rules), else replicate.
+					pad := []string{"zeros", "replicate", "reflect", "circular"}[(W+k+j)%4]
+					T, h := int64(W), max(lc.l, lc.r)
+					if lc.shape != nil {
+						T *= lc.shape[lc.dim]
+					}
+					if (pad == "reflect" && h >= T) || (pad == "circular" && h > T) {
+						pad = "replicate"
+					}
+					name := fmt.Sprintf("W%d/%s/%s/%s/inplace=%v", W, lc.name, dt, pad, inPlace)
 					t.Run(name, func(t *testing.T) {
 						o := Defaults()
 						o.Shape, o.Dim, o.Left, o.Right, o.DType, o.InPlace = lc.shape, lc.dim, lc.l, lc.r, dt, inPlace
+						o.Padding = pad
 						o.MinBytes, o.MaxBytes, o.StepFactor = 8, 64, 8
 						o.Warmup, o.Iters, o.Check = 1, 3, true
 						cases, err := o.Validate()
@@ -189,7 +201,7 @@ func TestCheckCatchesCorruption(t *testing.T) {
 				return err
 			}
 			defer plan.Close()
-			chk := newChecker(s.DType, g.Rank(), plan.Lengths(), s.Left, s.Right)
+			chk := newChecker(s.DType, s.Padding, g.Rank(), plan.Lengths(), s.Left, s.Right)
 			chk.fillForward(7, tn.x, tn.out, true)
 			if err := plan.Forward(tn.x.base, tn.out.base); err != nil {
 				return err

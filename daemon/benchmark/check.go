@@ -18,8 +18,9 @@ import (
 // values change every iteration, so a stale or missing message shows.
 //
 // Backward: grad_out holds small integers drawn from a hash of (rank,
-// iteration, outer index, global slice, inner index); the expected grad_x is
-// the sum, over every rank whose out covers a slice, of that rank's value.
+// iteration, outer index, global position, inner index); the expected grad_x
+// is the sum, over every slot of every rank's out that shows a slice (its
+// own place, and the padding slots copied from it), of that slot's value.
 // The integers are small enough that every partial sum is exact in the
 // dtype, so the order of the additions cannot change the result and the
 // check is bit-exact too.
@@ -41,14 +42,21 @@ func (v view) row(a, i int64) unsafe.Pointer {
 // checker knows the global layout of one case.
 type checker struct {
 	dt      halo.DType
+	pad     halo.Padding
 	rank    int
 	left    int64
 	right   int64
 	off     []int64 // every rank's first global slice
 	lens    []int64
 	total   int64
-	contrib [][]int // for each local slice: the ranks whose out covers it
-	gradMax int64   // backward values are in [-gradMax, gradMax]
+	contrib [][]slot // for each local slice: the slots of every rank's out that show it
+	gradMax int64    // backward values are in [-gradMax, gradMax]
+}
+
+// slot is global position g of rank's out.
+type slot struct {
+	rank int
+	g    int64
 }
 
 // exactLimit is the largest integer n such that every integer in [-n, n]
@@ -65,38 +73,32 @@ func exactLimit(dt halo.DType) int64 {
 	return 1 << 53
 }
 
-func newChecker(dt halo.DType, rank int, lens []int64, left, right int64) *checker {
-	c := &checker{dt: dt, rank: rank, left: left, right: right, lens: lens, off: make([]int64, len(lens))}
+func newChecker(dt halo.DType, pad halo.Padding, rank int, lens []int64, left, right int64) *checker {
+	c := &checker{dt: dt, pad: pad, rank: rank, left: left, right: right, lens: lens, off: make([]int64, len(lens))}
 	for q, n := range lens {
 		c.off[q] = c.total
 		c.total += n
 	}
-	// Ranks whose out window [off_q - left, off_q + n_q + right) covers a
-	// global slice, as a difference array over the sequence.
-	cover := make([]int64, c.total+1)
-	for q, n := range lens {
-		lo, hi := max(0, c.off[q]-left), min(c.total, c.off[q]+n+right)
-		if lo < hi {
-			cover[lo]++
-			cover[hi]--
-		}
-	}
-	most, run := int64(1), int64(0)
-	for g := int64(0); g < c.total; g++ {
-		run += cover[g]
-		most = max(most, run)
-	}
-	c.gradMax = min(64, exactLimit(dt)/most)
+	// Every slot of every rank's out window [off_q - left, off_q + n_q +
+	// right), by the global slice it shows; most is the largest count.
 	me := c.off[rank]
-	c.contrib = make([][]int, lens[rank])
-	for i := range c.contrib {
-		g := me + int64(i)
-		for q, n := range lens {
-			if c.off[q]-left <= g && g < c.off[q]+n+right {
-				c.contrib[i] = append(c.contrib[i], q)
+	c.contrib = make([][]slot, lens[rank])
+	count := make([]int64, c.total)
+	most := int64(1)
+	for q, n := range lens {
+		for g := c.off[q] - left; g < c.off[q]+n+right; g++ {
+			s, ok := pad.Source(g, c.total)
+			if !ok {
+				continue
+			}
+			count[s]++
+			most = max(most, count[s])
+			if s >= me && s < me+lens[rank] {
+				c.contrib[s-me] = append(c.contrib[s-me], slot{q, g})
 			}
 		}
 	}
+	c.gradMax = min(64, exactLimit(dt)/most)
 	return c
 }
 
@@ -192,7 +194,8 @@ func verifyForward[T word](c *checker, it int, out view) (wrong int64, first *mi
 		for j := int64(0); j < out.n; j++ {
 			g := start + j
 			r := rowOf[T](out, a, j)
-			if g < 0 || g >= c.total {
+			s, ok := c.pad.Source(g, c.total)
+			if !ok {
 				for b, got := range r {
 					if got != 0 {
 						wrong++
@@ -203,13 +206,16 @@ func verifyForward[T word](c *checker, it int, out view) (wrong int64, first *mi
 				}
 				continue
 			}
-			key := forwardKey(it, a, g)
+			key := forwardKey(it, a, s)
 			for b, got := range r {
 				if want := T(mix(key + uint64(b))); got != want {
 					wrong++
 					if first == nil {
-						first = &mismatch{tensor: "out", a: a, i: j, b: int64(b), global: g, got: uint64(got), want: uint64(want),
-							from: "from rank " + fmt.Sprint(c.owner(g))}
+						from := "from rank " + fmt.Sprint(c.owner(s))
+						if s != g {
+							from += fmt.Sprintf(" (%v padding of global slice %d)", c.pad, s)
+						}
+						first = &mismatch{tensor: "out", a: a, i: j, b: int64(b), global: g, got: uint64(got), want: uint64(want), from: from}
 					}
 				}
 			}
@@ -250,8 +256,8 @@ func verifyBackward[T word](c *checker, it int, gradX view) (wrong int64, first 
 		for i := int64(0); i < gradX.n; i++ {
 			g := me + i
 			keys = keys[:0]
-			for _, q := range c.contrib[i] {
-				keys = append(keys, gradKey(it, q, a, g))
+			for _, sl := range c.contrib[i] {
+				keys = append(keys, gradKey(it, sl.rank, a, sl.g))
 			}
 			r := rowOf[T](gradX, a, i)
 			for b, got := range r {
@@ -263,7 +269,7 @@ func verifyBackward[T word](c *checker, it int, gradX view) (wrong int64, first 
 					wrong++
 					if first == nil {
 						first = &mismatch{tensor: "grad_x", a: a, i: i, b: int64(b), global: g, got: uint64(got), want: uint64(want),
-							from: fmt.Sprintf("sum of the gradients of ranks %v", c.contrib[i])}
+							from: fmt.Sprintf("sum of the gradients of (rank, global position) %v", c.contrib[i])}
 					}
 				}
 			}

@@ -40,6 +40,9 @@ type Options struct {
 	// grad_out, the layout that saves the interior copy.
 	InPlace  bool   `json:"in_place"`
 	Transfer string `json:"transfer"` // auto, pack or iov
+	// Padding fills the halo slots beyond the sequence's ends: zeros,
+	// replicate, reflect or circular.
+	Padding string `json:"padding"`
 
 	Warmup int `json:"warmup"`
 	// Iters is the number of timed iterations per size; 0 means as many
@@ -82,7 +85,7 @@ func Defaults() Options {
 	return Options{
 		Left: 1, Right: 1, DType: "float32",
 		MinBytes: 8, MaxBytes: 256 << 20, StepFactor: 2,
-		Ops: []string{"forward", "backward"}, InPlace: true, Transfer: "auto",
+		Ops: []string{"forward", "backward"}, InPlace: true, Transfer: "auto", Padding: "zeros",
 		Warmup: 10, Duration: 300 * time.Millisecond, MinIters: 5, MaxIters: 100000,
 		Progress: "auto",
 	}
@@ -171,6 +174,16 @@ func parseDType(s string) (halo.DType, error) {
 	return 0, fmt.Errorf("unknown dtype %q (want float32, float64, float16 or bfloat16)", s)
 }
 
+// ParsePadding accepts torch's padding_mode names.
+func ParsePadding(s string) (halo.Padding, error) {
+	for _, m := range []halo.Padding{halo.PadZeros, halo.PadReplicate, halo.PadReflect, halo.PadCircular} {
+		if s == m.String() {
+			return m, nil
+		}
+	}
+	return 0, fmt.Errorf("unknown padding %q (want zeros, replicate, reflect or circular)", s)
+}
+
 // ErrOptions marks a problem with the options (a usage error).
 var ErrOptions = errors.New("invalid benchmark options")
 
@@ -185,6 +198,13 @@ func (o *Options) Validate() ([]Case, error) {
 		return nil, optErr("--dtype: %v", err)
 	}
 	o.DType = dt.String()
+	if o.Padding == "" {
+		o.Padding = "zeros"
+	}
+	pad, err := ParsePadding(o.Padding)
+	if err != nil {
+		return nil, optErr("--padding: %v", err)
+	}
 	if len(o.Ops) == 0 {
 		return nil, optErr("no operation to run")
 	}
@@ -220,10 +240,14 @@ func (o *Options) Validate() ([]Case, error) {
 		return nil, optErr("--plot %q: the file name must end in .png, .svg or .pdf", o.PlotPath)
 	}
 	elem := int64(dt.Size())
+	cases, err := o.sweepCases(dt, elem)
 	if o.Shape != nil {
-		return o.shapeCase(dt, elem)
+		cases, err = o.shapeCase(dt, elem)
 	}
-	return o.sweepCases(dt, elem)
+	for i := range cases {
+		cases[i].Spec.Padding = pad
+	}
+	return cases, err
 }
 
 func (o *Options) shapeCase(dt halo.DType, elem int64) ([]Case, error) {

@@ -146,6 +146,9 @@ func (t *table) header(m *Meta, cases []Case) {
 	if o.InPlace {
 		place = "in place: x is out's interior"
 	}
+	if o.Padding != "" && o.Padding != "zeros" {
+		place += "; " + o.Padding + " padding"
+	}
 	if o.Shape == nil {
 		first, last := cases[0].Bytes, cases[len(cases)-1].Bytes
 		fmt.Fprintf(t.w, "# workload: halos of %s to %s per side (x%d), one slice of a [1, count] %s tensor on the %s; %s; %s\n",

@@ -282,7 +282,7 @@ func runCase(c group, coll *collective, o *Options, cs Case, log zerolog.Logger)
 	}
 	defer plan.Close()
 	log = log.With().Int64("bytes", cs.Bytes).Logger()
-	chk := newChecker(spec.DType, c.Rank(), plan.Lengths(), spec.Left, spec.Right)
+	chk := newChecker(spec.DType, spec.Padding, c.Rank(), plan.Lengths(), spec.Left, spec.Right)
 	if o.Check && chk.gradMax == 0 {
 		log.Warn().Msg("too many ranks add into one slice for exact sums in this dtype: backward is checked with zero gradients only")
 	}

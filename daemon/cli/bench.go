@@ -52,6 +52,8 @@ func benchFlags() []ucli.Flag {
 			Usage: "halo slices after each shard (with --shape); in a sweep, 0 or 1: whether there is a right halo"},
 		&ucli.StringFlag{Name: "dtype", Aliases: []string{"d"}, Value: d.DType, EnvVars: []string{"HALO_BENCH_DTYPE"},
 			Usage: "element type: float32, float64, float16 or bfloat16 (f32, f64, fp16, bf16)"},
+		&ucli.StringFlag{Name: "padding", Value: d.Padding, EnvVars: []string{"HALO_BENCH_PADDING"},
+			Usage: "what fills the halo slots beyond the sequence's ends: zeros, replicate, reflect or circular (torch's padding_mode)"},
 		&ucli.StringFlag{Name: "op", Aliases: []string{"o"}, Value: "both", EnvVars: []string{"HALO_BENCH_OP"},
 			Usage: "forward, backward, or both (each timed on its own, a row each)"},
 		boolFlag{&ucli.BoolFlag{Name: "in-place", Value: d.InPlace, EnvVars: []string{"HALO_BENCH_IN_PLACE"},
@@ -147,6 +149,7 @@ func benchOptions(c *ucli.Context) (benchmark.Options, error) {
 	o.Dim = c.Int("dim")
 	o.Left, o.Right = c.Int64("left"), c.Int64("right")
 	o.DType = c.String("dtype")
+	o.Padding = c.String("padding")
 	o.MinBytes = int64(*c.Generic("min-bytes").(*byteSize))
 	o.MaxBytes = int64(*c.Generic("max-bytes").(*byteSize))
 	if o.Shape != nil && (c.IsSet("min-bytes") || c.IsSet("max-bytes")) {

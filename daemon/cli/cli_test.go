@@ -89,6 +89,8 @@ func TestBadUsage(t *testing.T) {
 		{nil, []string{"bench", "--local", "2", "--shape", "4x8", "--dim", "2"}, "--dim 2 is out of range"},
 		{nil, []string{"bench", "--local", "2", "--max-bytes", "lots"}, "not a size in bytes"},
 		{nil, []string{"bench", "--local", "2", "--op", "sideways"}, "--op"},
+		{nil, []string{"bench", "--local", "2", "--padding", "mirror"}, `--padding: unknown padding "mirror" (want zeros, replicate, reflect or circular)`},
+		{[]string{"HALO_BENCH_PADDING=wrap"}, []string{"bench", "--local", "2"}, `unknown padding "wrap"`},
 		{nil, []string{"bench", "--local", "2", "--timeout", "soon"}, "not a duration"},
 		{nil, []string{"bench", "--local", "2", "--plot", "x.gif"}, ".png"},
 		{nil, []string{"bench", "--local", "2", "extra"}, "takes no arguments"},

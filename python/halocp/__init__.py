@@ -37,7 +37,7 @@ from . import nn
 
 # include/halo.h's version (the source); pyproject.toml reads this line and
 # tests/python/test_abi.py checks it against the header.
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 __all__ = [
     "cp_halo_exchange",

@@ -1,4 +1,4 @@
-"""ctypes binding of libhalo's C ABI (include/halo.h, version 0.2).
+"""ctypes binding of libhalo's C ABI (include/halo.h, version 0.3).
 
 Only this module knows the shape of the C structs and the signatures; the rest
 of the package calls the small helpers at the bottom.
@@ -11,10 +11,10 @@ import os
 import threading
 from pathlib import Path
 
-# The ABI this module was written against: include/halo.h 0.2. These values
+# The ABI this module was written against: include/halo.h 0.3. These values
 # and the structs below are copies of the header; tests/python/test_abi.py
 # checks them against it.
-ABI_MAJOR, ABI_MINOR = 0, 2
+ABI_MAJOR, ABI_MINOR = 0, 3
 
 # halo_result_t
 SUCCESS = 0
@@ -34,6 +34,9 @@ FLOAT32, FLOAT64, FLOAT16, BFLOAT16 = 0, 1, 2, 3
 
 # halo_padding_t
 PAD_ZEROS = 0
+PAD_REPLICATE = 1
+PAD_REFLECT = 2
+PAD_CIRCULAR = 3
 
 # halo_bootstrap_t
 BOOTSTRAP_RENDEZVOUS, BOOTSTRAP_EXTERNAL = 0, 1
@@ -238,7 +241,7 @@ def lib() -> ctypes.CDLL:
 
 
 def version() -> str:
-    """The loaded library's version string, e.g. "0.2.0"."""
+    """The loaded library's version string, e.g. "0.3.0"."""
     return lib().halo_version_string().decode()
 
 

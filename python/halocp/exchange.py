@@ -46,7 +46,24 @@ def _check(x, left, right, dim, what: str):
     return left, right, dim % nd
 
 
-def _params(dtype, shape, dim, left, right, x_strides, out_strides, grad_strides):
+# torch.nn.Conv3d's padding_mode spellings, and halo_padding_t.
+_PADDING_MODES = {
+    "zeros": _lib.PAD_ZEROS,
+    "replicate": _lib.PAD_REPLICATE,
+    "reflect": _lib.PAD_REFLECT,
+    "circular": _lib.PAD_CIRCULAR,
+}
+
+
+def _padding(mode) -> int:
+    """halo_padding_t of a padding_mode argument."""
+    try:
+        return _PADDING_MODES[mode]
+    except (KeyError, TypeError):
+        raise ValueError(f"halocp: padding_mode {mode!r} is not one of {', '.join(map(repr, _PADDING_MODES))}") from None
+
+
+def _params(dtype, shape, dim, left, right, x_strides, out_strides, grad_strides, padding_mode="zeros"):
     """halo_plan_params_t for shard shape; grad_out and grad_x are contiguous
     buffers of the padded shape (grad_strides) or of the shard's shape."""
     p = _lib.PlanParams()
@@ -58,7 +75,8 @@ def _params(dtype, shape, dim, left, right, x_strides, out_strides, grad_strides
     # The arrays must outlive the call only: keep them on the struct object.
     p._keep = arrays = [_lib.int64_array(shape), _lib.int64_array(x_strides)]
     p.shape, p.x_strides = arrays
-    p.field_mask = _lib.PLAN_PARAM_X_STRIDES
+    p.field_mask = _lib.PLAN_PARAM_X_STRIDES | _lib.PLAN_PARAM_PADDING
+    p.padding = _padding(padding_mode)
     if out_strides is not None:
         arrays.append(_lib.int64_array(out_strides))
         p.out_strides = arrays[-1]
@@ -77,15 +95,15 @@ def _padded_shape(shape, dim, extra):
     return s
 
 
-def _plan_out_of_place(x: Tensor, left, right, dim, group):
+def _plan_out_of_place(x: Tensor, left, right, dim, group, padding_mode):
     shape, strides = tuple(x.shape), x.stride()
 
     def params():
         out_shape = _padded_shape(shape, dim, left + right)
         return _params(x.dtype, shape, dim, left, right, strides, None,
-                       (_contiguous_strides(out_shape), _contiguous_strides(shape)))
+                       (_contiguous_strides(out_shape), _contiguous_strides(shape)), padding_mode)
 
-    return _lookup(group, ("copy", x.dtype, dim, left, right, shape, strides), params)
+    return _lookup(group, ("copy", x.dtype, dim, left, right, shape, strides, padding_mode), params)
 
 
 def _lookup(group, key, params):
@@ -96,10 +114,10 @@ def _lookup(group, key, params):
     return comm.plan(key, params)
 
 
-def _exchange(x, left, right, dim, group):
+def _exchange(x, left, right, dim, group, padding_mode):
     if x.is_neg():  # a lazily negated view: its memory holds -x
         x = x.resolve_neg()
-    plan = _plan_out_of_place(x, left, right, dim, group)
+    plan = _plan_out_of_place(x, left, right, dim, group, padding_mode)
     out = torch.empty(_padded_shape(x.shape, dim, left + right), dtype=x.dtype)
     plan.forward(x.data_ptr(), out.data_ptr())
     return out, plan
@@ -107,8 +125,8 @@ def _exchange(x, left, right, dim, group):
 
 class _HaloExchange(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, left, right, dim, group):
-        out, ctx.plan = _exchange(x, left, right, dim, group)
+    def forward(ctx, x, left, right, dim, group, padding_mode):
+        out, ctx.plan = _exchange(x, left, right, dim, group, padding_mode)
         ctx.shape, ctx.dtype = x.shape, x.dtype
         return out
 
@@ -118,17 +136,23 @@ class _HaloExchange(torch.autograd.Function):
         grad_x = torch.empty(ctx.shape, dtype=ctx.dtype)
         _inflight.settle(ctx.plan.comm)
         ctx.plan.backward(grad_out.data_ptr(), grad_x.data_ptr())
-        return grad_x, None, None, None, None
+        return grad_x, None, None, None, None, None
 
 
-def cp_halo_exchange(x: Tensor, left_size: int, right_size: int, dim: int, group=None) -> Tensor:
+def cp_halo_exchange(x: Tensor, left_size: int, right_size: int, dim: int, group=None,
+                     padding_mode: str = "zeros") -> Tensor:
     """Return ``cat(left halo, x, right halo)`` along ``dim``, differentiably.
 
     The drop-in for the reference ``cp_halo_exchange``: rank r of ``group``
     holds shard ``x`` of a sequence concatenated along ``dim`` in rank order;
     the left halo is the ``left_size`` slices before it, the right halo the
     ``right_size`` slices after it, zeros beyond the ends of the sequence.
-    Halos may be longer than a shard and shards may differ in length along
+    ``padding_mode`` fills the slots beyond the ends as torch.nn.Conv3d's
+    does: ``"zeros"`` (the reference), ``"replicate"``, ``"reflect"`` or
+    ``"circular"``; then the result is ``F.pad`` of the gathered sequence,
+    sliced to this rank, and the backward adds each slot's gradient to the
+    slice it came from, bit-identical to ``F.pad``'s backward (see
+    docs/python.md for the order). Halos may be longer than a shard and shards may differ in length along
     ``dim`` (every other size must agree). The backward pass returns the
     gradient of ``x``: its own slices' gradient plus the halo gradients of
     the ranks that used them, added in the reference's order, so results
@@ -140,14 +164,15 @@ def cp_halo_exchange(x: Tensor, left_size: int, right_size: int, dim: int, group
     ``x`` itself. Failures raise :class:`halocp.HaloError`.
     """
     left, right, dim = _check(x, left_size, right_size, dim, "x")
+    _padding(padding_mode)
     if left == 0 and right == 0:
         return x
     if x.requires_grad and torch.is_grad_enabled():
-        return _HaloExchange.apply(x, left, right, dim, group)
-    return _exchange(x, left, right, dim, group)[0]  # no graph to record: skip autograd's overhead
+        return _HaloExchange.apply(x, left, right, dim, group, padding_mode)
+    return _exchange(x, left, right, dim, group, padding_mode)[0]  # no graph to record: skip autograd's overhead
 
 
-def _plan_in_place(padded: Tensor, left, right, dim, group):
+def _plan_in_place(padded: Tensor, left, right, dim, group, padding_mode):
     pshape, pstrides = tuple(padded.shape), padded.stride()
 
     def params():
@@ -161,15 +186,15 @@ def _plan_in_place(padded: Tensor, left, right, dim, group):
         cs = _contiguous_strides(pshape)
         # x is padded's interior, with padded's strides: the library sees the
         # alias and leaves the shard where it is.
-        return _params(padded.dtype, shape, dim, left, right, pstrides, pstrides, (cs, cs))
+        return _params(padded.dtype, shape, dim, left, right, pstrides, pstrides, (cs, cs), padding_mode)
 
-    return _lookup(group, ("inplace", padded.dtype, dim, left, right, pshape, pstrides), params)
+    return _lookup(group, ("inplace", padded.dtype, dim, left, right, pshape, pstrides, padding_mode), params)
 
 
 class _HaloExchangeInPlace(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, padded, left, right, dim, group):
-        plan = _plan_in_place(padded, left, right, dim, group)
+    def forward(ctx, padded, left, right, dim, group, padding_mode):
+        plan = _plan_in_place(padded, left, right, dim, group, padding_mode)
         interior = padded.data_ptr() + left * padded.stride(dim) * padded.element_size()
         plan.forward(interior, padded.data_ptr())
         ctx.mark_dirty(padded)
@@ -188,10 +213,11 @@ class _HaloExchangeInPlace(torch.autograd.Function):
         # The halo slots were overwritten in the forward pass: no gradient.
         grad.narrow(dim, 0, left).zero_()
         grad.narrow(dim, left + n, right).zero_()
-        return grad, None, None, None, None
+        return grad, None, None, None, None, None
 
 
-def halo_exchange_(padded: Tensor, left_size: int, right_size: int, dim: int, group=None) -> Tensor:
+def halo_exchange_(padded: Tensor, left_size: int, right_size: int, dim: int, group=None,
+                   padding_mode: str = "zeros") -> Tensor:
     """Fill the halos of a padded buffer in place; return it.
 
     ``padded`` holds ``left_size`` halo slices, this rank's shard, then
@@ -200,12 +226,14 @@ def halo_exchange_(padded: Tensor, left_size: int, right_size: int, dim: int, gr
     the halos exactly as :func:`cp_halo_exchange` would, without copying the
     shard. Differentiable: the gradient of the interior gets the halo
     gradients added, the halo slots get none (they were overwritten).
-    ``padded`` may have any non-overlapping strides.
+    ``padded`` may have any non-overlapping strides; ``padding_mode`` is
+    :func:`cp_halo_exchange`'s.
     """
     left, right, dim = _check(padded, left_size, right_size, dim, "padded")
+    _padding(padding_mode)
     if left == 0 and right == 0:
         return padded
-    return _HaloExchangeInPlace.apply(padded, left, right, dim, group)
+    return _HaloExchangeInPlace.apply(padded, left, right, dim, group, padding_mode)
 
 
 # ------------------------------------------------------- asynchronous forms
@@ -236,7 +264,7 @@ class _HaloExchangeDone(_HaloExchange):
 
 class _HaloExchangeInPlaceDone(_HaloExchangeInPlace):
     @staticmethod
-    def forward(ctx, padded, plan, left, right, dim):
+    def forward(ctx, padded, plan, left, right, dim, padding_mode):
         ctx.mark_dirty(padded)
         ctx.plan, ctx.left, ctx.right, ctx.dim = plan, left, right, dim
         return padded
@@ -246,7 +274,8 @@ def _finished(result) -> Exchange:
     return Exchange(None, lambda: result)
 
 
-def cp_halo_exchange_start(x: Tensor, left_size: int, right_size: int, dim: int, group=None) -> Exchange:
+def cp_halo_exchange_start(x: Tensor, left_size: int, right_size: int, dim: int, group=None,
+                           padding_mode: str = "zeros") -> Exchange:
     """Start :func:`cp_halo_exchange`; ``.wait()`` on the returned handle
     gives its result.
 
@@ -262,11 +291,12 @@ def cp_halo_exchange_start(x: Tensor, left_size: int, right_size: int, dim: int,
     that layout meanwhile.
     """
     left, right, dim = _check(x, left_size, right_size, dim, "x")
+    _padding(padding_mode)
     if left == 0 and right == 0:
         return _finished(x)
     if x.is_neg():
         x = x.resolve_neg()
-    plan = _plan_out_of_place(x, left, right, dim, group)
+    plan = _plan_out_of_place(x, left, right, dim, group, padding_mode)
     out = torch.empty(_padded_shape(x.shape, dim, left + right), dtype=x.dtype)
     pending = _inflight.start(plan, _inflight.FORWARD, x, out)
     if not _recording(x):
@@ -279,19 +309,21 @@ def cp_halo_exchange_start(x: Tensor, left_size: int, right_size: int, dim: int,
     return Exchange(pending, result)
 
 
-def halo_exchange_start_(padded: Tensor, left_size: int, right_size: int, dim: int, group=None) -> Exchange:
+def halo_exchange_start_(padded: Tensor, left_size: int, right_size: int, dim: int, group=None,
+                         padding_mode: str = "zeros") -> Exchange:
     """Start :func:`halo_exchange_`; ``.wait()`` returns ``padded`` with its
     halos filled. Until the wait the exchange owns ``padded``: neither read
     its halos nor write its interior. Differentiable as :func:`halo_exchange_`
     when ``padded`` requires grad and grad mode is on at start."""
     left, right, dim = _check(padded, left_size, right_size, dim, "padded")
+    _padding(padding_mode)
     if left == 0 and right == 0:
         return _finished(padded)
     record = _recording(padded)
     if record and padded.is_leaf:
         raise HaloError(_lib.ERR_INVALID_ARGUMENT,
                         "halocp: padded is a leaf that requires grad: it cannot be filled in place")
-    plan = _plan_in_place(padded, left, right, dim, group)
+    plan = _plan_in_place(padded, left, right, dim, group, padding_mode)
     interior = padded.data_ptr() + left * padded.stride(dim) * padded.element_size()
     pending = _inflight.start(plan, _inflight.FORWARD, _Address(interior), padded)
     if not record:
@@ -299,7 +331,7 @@ def halo_exchange_start_(padded: Tensor, left_size: int, right_size: int, dim: i
 
     def result():
         with torch.enable_grad():
-            return _HaloExchangeInPlaceDone.apply(padded, plan, left, right, dim)
+            return _HaloExchangeInPlaceDone.apply(padded, plan, left, right, dim, padding_mode)
 
     return Exchange(pending, result)
 
@@ -326,7 +358,7 @@ def _halo_shape(shape, dim, k) -> tuple:
     return tuple(s)
 
 
-def plan_halos(x: Tensor, left, right, dim, group, grad_strides=None):
+def plan_halos(x: Tensor, left, right, dim, group, grad_strides=None, padding_mode="zeros"):
     """The halos-only plan of x's layout (made collectively on a miss).
 
     The halos are contiguous tensors of their own; ``grad_strides`` are the
@@ -340,7 +372,7 @@ def plan_halos(x: Tensor, left, right, dim, group, grad_strides=None):
         grad_strides = halo_strides + (_contiguous_strides(shape),)
 
     def params():
-        p = _params(x.dtype, shape, dim, left, right, strides, None, None)
+        p = _params(x.dtype, shape, dim, left, right, strides, None, None, padding_mode)
         p.halos_only = 1
         arrays = [_lib.int64_array(s) for s in halo_strides + tuple(grad_strides)]
         p._keep += arrays
@@ -350,7 +382,7 @@ def plan_halos(x: Tensor, left, right, dim, group, grad_strides=None):
                          | _lib.PLAN_PARAM_GRAD_X_STRIDES)
         return p
 
-    return _lookup(group, ("halos", x.dtype, dim, left, right, shape, strides, tuple(grad_strides)), params)
+    return _lookup(group, ("halos", x.dtype, dim, left, right, shape, strides, tuple(grad_strides), padding_mode), params)
 
 
 def _empty_halos(x: Tensor, left, right, dim):
@@ -360,8 +392,8 @@ def _empty_halos(x: Tensor, left, right, dim):
 
 class _Halos(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, left, right, dim, group):
-        plan = plan_halos(x, left, right, dim, group)
+    def forward(ctx, x, left, right, dim, group, padding_mode):
+        plan = plan_halos(x, left, right, dim, group, padding_mode=padding_mode)
         lh, rh = _empty_halos(x, left, right, dim)
         _inflight.run(plan, _inflight.HALOS_FORWARD, x, lh, rh)
         ctx.plan, ctx.shape, ctx.dtype = plan, x.shape, x.dtype
@@ -374,7 +406,7 @@ class _Halos(torch.autograd.Function):
         # (The nn layers add it into the convolution's own input gradient.)
         grad_x = torch.zeros(ctx.shape, dtype=ctx.dtype)
         _inflight.run(ctx.plan, _inflight.HALOS_BACKWARD, grad_left.contiguous(), grad_right.contiguous(), grad_x)
-        return grad_x, None, None, None, None
+        return grad_x, None, None, None, None, None
 
 
 class _HalosDone(_Halos):
@@ -389,7 +421,8 @@ class _HalosDone(_Halos):
         return _Halos.backward(ctx, grad_left, grad_right)[0], None
 
 
-def halos(x: Tensor, left_size: int, right_size: int, dim: int, group=None) -> tuple[Tensor, Tensor]:
+def halos(x: Tensor, left_size: int, right_size: int, dim: int, group=None,
+          padding_mode: str = "zeros") -> tuple[Tensor, Tensor]:
     """Return ``(left_halo, right_halo)``: the ``left_size`` slices before
     this rank's shard ``x`` in the global sequence and the ``right_size``
     slices after it (zeros beyond the ends), each a new contiguous tensor of
@@ -401,31 +434,34 @@ def halos(x: Tensor, left_size: int, right_size: int, dim: int, group=None) -> t
     zeros but for the slices the neighbours used, which get their halo
     gradients added as :func:`cp_halo_exchange`'s backward adds them (a
     tensor of x's size, because autograd asks for one). Collective, with the
-    arguments and errors of :func:`cp_halo_exchange`.
+    arguments (``padding_mode`` included) and errors of :func:`cp_halo_exchange`.
     """
     left, right, dim = _check(x, left_size, right_size, dim, "x")
+    _padding(padding_mode)
     if x.is_neg():
         x = x.resolve_neg()
     if left == 0 and right == 0:
         return _empty_halos(x, 0, 0, dim)
     if _recording(x):
-        return _Halos.apply(x, left, right, dim, group)
-    plan = plan_halos(x, left, right, dim, group)
+        return _Halos.apply(x, left, right, dim, group, padding_mode)
+    plan = plan_halos(x, left, right, dim, group, padding_mode=padding_mode)
     lh, rh = _empty_halos(x, left, right, dim)
     _inflight.run(plan, _inflight.HALOS_FORWARD, x, lh, rh)
     return lh, rh
 
 
-def halos_start(x: Tensor, left_size: int, right_size: int, dim: int, group=None) -> Exchange:
+def halos_start(x: Tensor, left_size: int, right_size: int, dim: int, group=None,
+                padding_mode: str = "zeros") -> Exchange:
     """Start :func:`halos`; ``.wait()`` returns ``(left_halo, right_halo)``.
     Until the wait the exchange owns ``x`` (do not modify it). Differentiable
     as :func:`halos` when ``x`` requires grad and grad mode is on at start."""
     left, right, dim = _check(x, left_size, right_size, dim, "x")
+    _padding(padding_mode)
     if x.is_neg():
         x = x.resolve_neg()
     if left == 0 and right == 0:
         return _finished(_empty_halos(x, 0, 0, dim))
-    plan = plan_halos(x, left, right, dim, group)
+    plan = plan_halos(x, left, right, dim, group, padding_mode=padding_mode)
     lh, rh = _empty_halos(x, left, right, dim)
     pending = _inflight.start(plan, _inflight.HALOS_FORWARD, x, lh, rh)
     if not _recording(x):

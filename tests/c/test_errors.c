@@ -3,7 +3,8 @@
  * killed with SIGKILL makes the survivor fail within its deadline.
  *
  *   test_errors args        single process: argument validation
- *   test_errors mismatch    3 ranks, rank 2 disagrees on the dtype
+ *   test_errors mismatch    3 ranks, rank 2 disagrees on the dtype, rank 1 on
+ *                           the padding mode
  *   test_errors kill        2 ranks, rank 1 dies during an exchange
  *   test_errors async       2 ranks: misuse of start/test/wait, destroy with an
  *                           exchange in flight
@@ -129,9 +130,29 @@ static int test_args(void) {
     expect(halo_plan_create(c, &p, &plan), HALO_ERR_INVALID_ARGUMENT, "unknown bits", "unknown plan mask bits");
     p = params(shape);
     p.field_mask = HALO_PLAN_PARAM_PADDING;
-    p.padding = (halo_padding_t)3;
-    expect(halo_plan_create(c, &p, &plan), HALO_ERR_INVALID_ARGUMENT, "unknown padding 3", "bad padding");
+    p.padding = (halo_padding_t)7;
+    expect(halo_plan_create(c, &p, &plan), HALO_ERR_INVALID_ARGUMENT, "unknown padding 7", "bad padding");
     CHECK(plan == NULL, "plan output written on failure");
+    /* halos the global length (4 here) cannot serve, by torch's rules */
+    p.padding = HALO_PAD_REFLECT;
+    p.left = 4;
+    expect(halo_plan_create(c, &p, &plan), HALO_ERR_INVALID_ARGUMENT,
+           "reflect padding needs halos shorter than the sequence: left halo 4, right halo 1, global length 4 along dim 1", "reflect halo");
+    p.padding = HALO_PAD_CIRCULAR;
+    p.left = 5;
+    expect(halo_plan_create(c, &p, &plan), HALO_ERR_INVALID_ARGUMENT,
+           "circular padding needs halos no longer than the sequence: left halo 5, right halo 1, global length 4", "circular halo");
+    CHECK(plan == NULL, "plan output written on failure");
+    /* a rank its own neighbour: circular wraps around its own shard */
+    p.left = 1;
+    HALO_OK(halo_plan_create(c, &p, &plan));
+    {
+        float x[12], out[18];
+        for (int i = 0; i < 12; i++) x[i] = (float)i;
+        HALO_OK(halo_plan_forward(plan, x, out));
+        CHECK(out[0] == 3 && out[1] == 0 && out[4] == 3 && out[5] == 0 && out[6] == 7 && out[11] == 4, "W=1 circular output wrong");
+    }
+    HALO_OK(halo_plan_destroy(plan));
 
     p = params(shape);
     HALO_OK(halo_plan_create(c, &p, &plan));
@@ -167,6 +188,11 @@ static int rank_mismatch(int port) {
     if (g_rank == 2) p.dtype = HALO_FLOAT16;
     halo_plan_t plan = NULL;
     expect(halo_plan_create(c, &p, &plan), HALO_ERR_MISMATCH, "dtype: float32 on ranks 0-1, float16 on rank 2", "mismatch");
+    p.dtype = HALO_FLOAT32;
+    p.field_mask = HALO_PLAN_PARAM_PADDING;
+    p.padding = g_rank == 1 ? HALO_PAD_CIRCULAR : HALO_PAD_REFLECT;
+    expect(halo_plan_create(c, &p, &plan), HALO_ERR_MISMATCH, "padding: reflect on ranks 0, 2, circular on rank 1", "padding mismatch");
+    p = params(shape);
     /* the communicator stays usable after a mismatch */
     p.dtype = HALO_FLOAT32;
     HALO_OK(halo_plan_create(c, &p, &plan));

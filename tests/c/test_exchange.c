@@ -4,7 +4,9 @@
  * shards; contiguous, non-contiguous and in-place (x inside out) layouts;
  * float32, float64, float16, bfloat16; each through the blocking calls, the
  * asynchronous ones (start, test, wait) and a halos-only plan (left and right
- * tensors of their own, grad_x added to), in turn.
+ * tensors of their own, grad_x added to), in turn; every padding mode, its
+ * halos shortened to what the mode allows for the global length (the oracle
+ * is F.pad of the global tensor and torch's backward order, halo.h).
  *
  *   test_exchange W [--external]    launch W ranks (rendezvous, or addresses
  *                                   exchanged through files by the caller) */
@@ -16,6 +18,7 @@ enum { BLOCKING, ASYNC, HALOS, HALOS_ASYNC, NMODES };
 typedef struct {
     int id, nd, dim, dtype, layout; /* layout: 0 contiguous, 1 strided, 2 in place */
     int mode;                       /* BLOCKING, ASYNC, HALOS or HALOS_ASYNC */
+    int pad;                        /* halo_padding_t */
     int64_t shape[8], L, R, len[64], off[65];
 } tcase;
 
@@ -178,7 +181,8 @@ static void lrun_setup(lrun *l, const tcase *c) {
     p->dim = dim;
     p->left = L;
     p->right = R;
-    p->field_mask = HALO_PLAN_PARAM_X_STRIDES | HALO_PLAN_PARAM_GRAD_X_STRIDES;
+    p->padding = (halo_padding_t)c->pad;
+    p->field_mask = HALO_PLAN_PARAM_X_STRIDES | HALO_PLAN_PARAM_GRAD_X_STRIDES | HALO_PLAN_PARAM_PADDING;
     p->x_strides = l->xst;
     p->grad_x_strides = l->gxst;
     if (l->halos) {
@@ -221,20 +225,32 @@ static void lrun_setup(lrun *l, const tcase *c) {
     }
 }
 
+/* The global slice that global position g of the padded sequence shows. */
+static int64_t pad_source(int pad, int64_t g, int64_t N) {
+    if (g >= 0 && g < N) return g;
+    switch (pad) {
+    case HALO_PAD_REPLICATE: return g < 0 ? 0 : N - 1;
+    case HALO_PAD_REFLECT: return g < 0 ? -g : 2 * (N - 1) - g;
+    case HALO_PAD_CIRCULAR: return g < 0 ? g + N : g - N;
+    }
+    return -1; /* zeros */
+}
+
 static void lrun_check_out(const lrun *l, int *bad) {
     const tcase *c = l->c;
     int r = g_rank, nd = c->nd, dim = c->dim, es = l->es;
     int64_t idx[8], N = c->off[g_world];
     for (int64_t i = 0; i < numel(nd, l->os) && *bad < 3; i++) {
         unravel(nd, l->os, i, idx);
-        int64_t P = c->off[r] - c->L + idx[dim];
-        uint64_t want = (P >= 0 && P < N) ? value_bits(c->dtype, x_key(c, idx, P)) : 0;
+        int64_t P = pad_source(c->pad, c->off[r] - c->L + idx[dim], N);
+        uint64_t want = P >= 0 ? value_bits(c->dtype, x_key(c, idx, P)) : 0;
         unsigned char *at = padded_at(&l->ov, idx, es);
         if (at == NULL) continue; /* x itself, in a halos-only plan */
         uint64_t got = get_bits(at, es);
         if (got != want) {
-            CHECK(0, "case %d (nd %d dim %d L %ld R %ld dtype %d layout %d mode %d): out[%ld] pos %ld = %#lx, want %#lx", c->id, nd, dim,
-                  (long)c->L, (long)c->R, c->dtype, c->layout, c->mode, (long)i, (long)idx[dim], (unsigned long)got, (unsigned long)want);
+            CHECK(0, "case %d (nd %d dim %d L %ld R %ld dtype %d layout %d mode %d pad %d): out[%ld] pos %ld = %#lx, want %#lx", c->id, nd,
+                  dim, (long)c->L, (long)c->R, c->dtype, c->layout, c->mode, c->pad, (long)i, (long)idx[dim], (unsigned long)got,
+                  (unsigned long)want);
             (*bad)++;
         }
     }
@@ -258,32 +274,93 @@ static void lrun_fill_grad(const lrun *l) {
     }
 }
 
+/* The gathered padded gradient at global position g (other coordinates
+ * idx's): the sum of the ranks' grad_out there, the owner's own first, then
+ * the ranks to its right nearest first, then those to its left; beyond the
+ * ends, the ranks nearest the end first. */
+static uint64_t gathered_grad(const tcase *c, int64_t g, const int64_t *idx) {
+    int W = g_world, order[64], k = 0, o = 0;
+    int64_t N = c->off[W], gidx[8];
+    if (g < 0) {
+        for (int s = 0; s < W; s++) order[k++] = s;
+    } else if (g >= N) {
+        for (int s = W - 1; s >= 0; s--) order[k++] = s;
+    } else {
+        while (!(g >= c->off[o] && g < c->off[o + 1])) o++;
+        order[k++] = o;
+        for (int s = o + 1; s < W; s++) order[k++] = s;
+        for (int s = o - 1; s >= 0; s--) order[k++] = s;
+    }
+    uint64_t v = 0;
+    int first = 1;
+    memcpy(gidx, idx, sizeof gidx);
+    for (int i = 0; i < k; i++) {
+        int s = order[i];
+        if (g < c->off[s] - c->L || g >= c->off[s + 1] + c->R) continue;
+        gidx[c->dim] = g - c->off[s] + c->L;
+        uint64_t gs = gout_value(c, s, gidx);
+        v = first ? gs : add_bits(c->dtype, v, gs);
+        first = 0;
+    }
+    return v;
+}
+
+/* grad_x at global slice P under a padding mode other than zeros: torch's
+ * F.pad backward of the gathered gradient. Replicate and reflect: from +0,
+ * every position showing P in increasing order. Circular: P's own gradient,
+ * then the backward of the right copy (its slots at their sources, zero
+ * elsewhere), then the left copy's likewise. */
+static uint64_t padded_grad(const tcase *c, int64_t P, const int64_t *idx) {
+    int64_t N = c->off[g_world];
+    uint64_t v = 0;
+    if (c->pad == HALO_PAD_CIRCULAR) {
+        v = gathered_grad(c, P, idx);
+        if (c->R > 0) v = add_bits(c->dtype, v, P < c->R ? gathered_grad(c, P + N, idx) : 0);
+        if (c->L > 0) v = add_bits(c->dtype, v, P >= N - c->L ? gathered_grad(c, P - N, idx) : 0);
+        return v;
+    }
+    for (int64_t g = -c->L; g < N + c->R; g++)
+        if (pad_source(c->pad, g, N) == P) v = add_bits(c->dtype, v, gathered_grad(c, g, idx));
+    return v;
+}
+
+/* grad_x at global slice P = off[r] + j under zeros: the reference's order
+ * (the owner's own, the right neighbours' then the left neighbours' halo
+ * gradients, nearest first, with the edge ranks' +0). */
+static uint64_t zeros_grad(const tcase *c, int r, int64_t n, const int64_t *idx) {
+    int W = g_world, dim = c->dim;
+    int64_t L = c->L, R = c->R, j = idx[dim], P = c->off[r] + j, gidx[8];
+    memcpy(gidx, idx, sizeof gidx);
+    gidx[dim] = j + L;
+    uint64_t v = gout_value(c, r, gidx);
+    for (int s = r + 1; s < W; s++)
+        if (P >= c->off[s] - L && P < c->off[s]) {
+            gidx[dim] = P - c->off[s] + L;
+            v = add_bits(c->dtype, v, gout_value(c, s, gidx));
+        }
+    if (r == W - 1 && j >= n - L) v = add_bits(c->dtype, v, 0);
+    for (int s = r - 1; s >= 0; s--)
+        if (P >= c->off[s + 1] && P < c->off[s + 1] + R) {
+            gidx[dim] = P - c->off[s] + L;
+            v = add_bits(c->dtype, v, gout_value(c, s, gidx));
+        }
+    if (r == 0 && j < R) v = add_bits(c->dtype, v, 0);
+    return v;
+}
+
 static void lrun_check_gx(const lrun *l, int *bad) {
     const tcase *c = l->c;
-    int r = g_rank, W = g_world, nd = c->nd, dim = c->dim, es = l->es;
-    int64_t L = c->L, R = c->R, n = l->n, idx[8], gidx[8];
+    int r = g_rank, nd = c->nd, dim = c->dim, es = l->es;
+    int64_t idx[8];
     for (int64_t i = 0; i < numel(nd, l->xs) && *bad < 3; i++) {
         unravel(nd, l->xs, i, idx);
-        int64_t j = idx[dim], P = c->off[r] + j;
-        memcpy(gidx, idx, sizeof gidx);
-        gidx[dim] = j + L;
-        uint64_t v = gout_value(c, r, gidx);
-        for (int s = r + 1; s < W; s++)
-            if (P >= c->off[s] - L && P < c->off[s]) {
-                gidx[dim] = P - c->off[s] + L;
-                v = add_bits(c->dtype, v, gout_value(c, s, gidx));
-            }
-        if (r == W - 1 && j >= n - L) v = add_bits(c->dtype, v, 0);
-        for (int s = r - 1; s >= 0; s--)
-            if (P >= c->off[s + 1] && P < c->off[s + 1] + R) {
-                gidx[dim] = P - c->off[s] + L;
-                v = add_bits(c->dtype, v, gout_value(c, s, gidx));
-            }
-        if (r == 0 && j < R) v = add_bits(c->dtype, v, 0);
+        int64_t j = idx[dim];
+        uint64_t v = c->pad == HALO_PAD_ZEROS ? zeros_grad(c, r, l->n, idx) : padded_grad(c, c->off[r] + j, idx);
         uint64_t got = get_bits(l->gx + dot(nd, idx, l->gxst) * es, es);
         if (got != v) {
-            CHECK(0, "case %d (nd %d dim %d L %ld R %ld dtype %d layout %d mode %d): grad_x[%ld] pos %ld = %#lx, want %#lx", c->id, nd,
-                  dim, (long)L, (long)R, c->dtype, c->layout, c->mode, (long)i, (long)j, (unsigned long)got, (unsigned long)v);
+            CHECK(0, "case %d (nd %d dim %d L %ld R %ld dtype %d layout %d mode %d pad %d): grad_x[%ld] pos %ld = %#lx, want %#lx", c->id,
+                  nd, dim, (long)c->L, (long)c->R, c->dtype, c->layout, c->mode, c->pad, (long)i, (long)j, (unsigned long)got,
+                  (unsigned long)v);
             (*bad)++;
         }
     }
@@ -388,8 +465,14 @@ static int run_rank(halo_comm_t comm) {
                     for (int s = 0; s < g_world; s++) {
                         c.len[s] = 2 + (s * 7 + c.id) % 3;   /* uneven: 2..4 */
                         if (g_world > 2 && s == 1 && c.id % 5 == 0) c.len[s] = 0; /* an empty shard */
+                        if (g_world > 1 && s == g_world - 1 && c.id % 7 == 0) c.len[s] = 1;
                         c.off[s + 1] = c.off[s] + c.len[s];
                     }
+                    /* Every mode in turn, the halos as long as it allows. */
+                    int64_t N = c.off[g_world];
+                    c.pad = (c.id / 12) % 4;
+                    if (c.pad == HALO_PAD_REFLECT) { if (c.L >= N) c.L = N - 1; if (c.R >= N) c.R = N - 1; }
+                    if (c.pad == HALO_PAD_CIRCULAR) { if (c.L > N) c.L = N; if (c.R > N) c.R = N; }
                     run_case(comm, &c);
                     /* Every third case also travels with the two before it,
                      * as one plan of three layouts. */

@@ -330,6 +330,154 @@ def scenario_gradcheck():
             expect(ok, f"gradcheck failed: {fn.__name__}, lengths {lengths}, left {left}, right {right}, dim {dim}")
 
 
+# ------------------------------------------------------------ padding modes
+# The definition: out_r = F.pad(global, (left, right), mode) sliced to rank
+# r; grad x_r = F.pad's backward of the gathered padded gradient, sliced. The
+# gathered gradient sums the ranks' grad_out where their windows overlap, in
+# the library's documented order: the owner's own, the ranks to its right
+# nearest first, then those to its left; beyond the ends, the ranks nearest
+# that end first.
+
+
+def pad_along(x, dim, left, right, mode):
+    """F.pad of x along one dim (F.pad pads the last dims of 3-D input)."""
+    m = x.movedim(dim, -1)
+    shape = m.shape
+    y = F.pad(m.reshape(1, -1, shape[-1]), (left, right), mode=mode)
+    return y.reshape(shape[:-1] + (y.shape[-1],)).movedim(-1, dim)
+
+
+def gathered_grad(grads, lengths, left, right, dim):
+    off, W = offsets(lengths), len(lengths)
+    T = off[-1]
+    slots = []
+    for g in range(-left, T + right):
+        if g < 0:
+            order = list(range(W))
+        elif g >= T:
+            order = list(range(W - 1, -1, -1))
+        else:
+            o = max(s for s in range(W) if off[s] <= g < off[s + 1])
+            order = [o] + list(range(o + 1, W)) + list(range(o - 1, -1, -1))
+        v = None
+        for s in order:
+            if off[s] - left <= g < off[s + 1] + right:
+                t = grads[s].narrow(dim, g - off[s] + left, 1)
+                v = t.clone() if v is None else v + t
+        slots.append(v)
+    return torch.cat(slots, dim)
+
+
+def pad_oracle(shards, grads, left, right, dim, mode):
+    """(out_r, grad x_r) by the definition; F.pad in float32 where torch 1.13
+    has no CPU kernel for the dtype (replicate and reflect in half types)."""
+    lengths = [t.shape[dim] for t in shards]
+    off, n = offsets(lengths), lengths[RANK]
+    xg = torch.cat(shards, dim)
+    native = mode == "circular" or xg.dtype in (torch.float32, torch.float64)
+    xg = (xg if native else xg.float()).detach().requires_grad_()
+    y = pad_along(xg, dim, left, right, mode)
+    gp = gathered_grad(grads, lengths, left, right, dim)
+    y.backward(gp if native else gp.float())
+    dt = shards[0].dtype
+    return (y.detach().narrow(dim, off[RANK], n + left + right).to(dt), xg.grad.narrow(dim, off[RANK], n).to(dt), native)
+
+
+def expect_grad(got, want, exact, what):
+    if exact:
+        expect_bits(got, want, what)
+    else:  # float32 sums rounded once against ours rounded per addition
+        if not torch.allclose(got.float(), want.float(), rtol=2e-2, atol=2e-2):
+            raise Failure(f"{what}: {describe_diff(got, want)}")
+
+
+def scenario_padding(cases=8):
+    """replicate, reflect and circular on uneven shards (some empty or of one
+    slice), halos longer than shards, through every exchange call: bit for
+    bit against F.pad of the gathered tensor, forward and backward (float16
+    and bfloat16: circular bit for bit; replicate and reflect forward bit for
+    bit, backward close, as torch 1.13 has no CPU kernel for them)."""
+    for mode in ("replicate", "reflect", "circular"):
+        for case in range(cases):
+            cfg = random.Random(f"{WORLD} {mode} {case}")  # the same on every rank
+            dtype = DTYPES[case % len(DTYPES)]
+            nd = cfg.randint(1, 4)
+            dim = cfg.randrange(nd)
+            shape = [cfg.randint(1, 3) for _ in range(nd)]
+            lengths = [cfg.choice([0, 1, 1, 2, 3, 5]) for _ in range(WORLD)]
+            if sum(lengths) < 2:
+                lengths[-1] += 2
+            T = sum(lengths)
+            most = {"replicate": T + 3, "reflect": T - 1, "circular": T}[mode]
+            left, right = cfg.randint(0, most), cfg.randint(0, most)
+            if left + right == 0:
+                left = 1
+            shape[dim] = lengths[RANK]
+            layout = cfg.choice(["contiguous", "permuted", "strided"])
+            what = f"{mode} case {case}: {dtype} shape {shape} dim {dim} lengths {lengths} left {left} right {right} x {layout}"
+            halocp.clear_plans()
+            gen = torch.Generator().manual_seed(7919 * case + RANK)
+            # Copies of x in x's layout: a plan is keyed on it, and a rank
+            # whose strides happened to repeat would miss its plan alone.
+            again = lambda t: with_layout(t.detach(), layout, random.Random(case)).requires_grad_()
+            x = again(random_values(shape, dtype, gen))
+            shards = gather(x)
+            out_shape = list(shape)
+            out_shape[dim] += left + right
+            grad = random_values(out_shape, dtype, gen)
+            want, want_grad, exact = pad_oracle(shards, gather(grad), left, right, dim, mode)
+
+            y = halocp.cp_halo_exchange(x, left, right, dim, None, padding_mode=mode)
+            expect_bits(y, want, f"{what}: forward")
+            y.backward(grad)
+            expect_grad(x.grad, want_grad, exact, f"{what}: backward")
+
+            x2 = again(x)
+            y2 = halocp.cp_halo_exchange_start(x2, left, right, dim, None, padding_mode=mode).wait()
+            expect_bits(y2, want, f"{what}: started forward")
+            y2.backward(grad)
+            expect_bits(x2.grad, x.grad, f"{what}: started backward")
+
+            for start in (False, True):
+                x3 = again(x)
+                padded = torch.full(out_shape, float("nan"), dtype=dtype)
+                padded.narrow(dim, left, lengths[RANK]).copy_(x3)
+                if start:
+                    res = halocp.halo_exchange_start_(padded, left, right, dim, None, padding_mode=mode).wait()
+                else:
+                    res = halocp.halo_exchange_(padded, left, right, dim, None, padding_mode=mode)
+                expect_bits(res, want, f"{what}: in-place forward (start {start})")
+                res.backward(grad)
+                expect_bits(x3.grad, x.grad, f"{what}: in-place backward (start {start})")
+
+            # Halos only: the gradient of x is the halo gradients alone (the
+            # definition with the interior of every grad_out zeroed).
+            n = lengths[RANK]
+            interior_zeroed = grad.clone()
+            interior_zeroed.narrow(dim, left, n).zero_()
+            _, want_halo_grad, _ = pad_oracle(shards, gather(interior_zeroed), left, right, dim, mode)
+            for start in (False, True):
+                x4 = again(x)
+                if start:
+                    lh, rh = halocp.halos_start(x4, left, right, dim, None, padding_mode=mode).wait()
+                else:
+                    lh, rh = halocp.halos(x4, left, right, dim, None, padding_mode=mode)
+                expect_bits(lh, want.narrow(dim, 0, left), f"{what}: left halo (start {start})")
+                expect_bits(rh, want.narrow(dim, left + n, right), f"{what}: right halo (start {start})")
+                torch.autograd.backward([lh, rh], [grad.narrow(dim, 0, left), grad.narrow(dim, left + n, right)])
+                expect_grad(x4.grad, want_halo_grad, exact, f"{what}: halos backward (start {start})")
+    # A mode torch does not spell, and halos the sequence cannot serve.
+    x = torch.randn(2, 3)
+    try:
+        halocp.cp_halo_exchange(x, 1, 1, 1, None, padding_mode="mirror")
+        raise Failure("padding_mode='mirror' was accepted")
+    except ValueError as e:
+        expect("'mirror'" in str(e) and "'circular'" in str(e), f"the ValueError should name the value and the modes: {e}")
+    msg = raises(lambda: halocp.cp_halo_exchange(x, 3 * WORLD, 0, 1, None, padding_mode="reflect"),
+                 halocp.ERR_INVALID_ARGUMENT, "a reflect halo as long as the sequence")
+    expect(f"global length {3 * WORLD}" in msg, f"the message should name the global length: {msg}")
+
+
 def raises(fn, code, what, within=10.0):
     """fn must raise HaloError with code, promptly (no waiting for a timeout)."""
     t0 = time.monotonic()

@@ -16,7 +16,7 @@ import pytest
 from launcher import REPO, launch, report
 
 HERE = Path(__file__).resolve().parent
-SCENARIOS = ["exchange", "conv", "gradcheck", "errors", "timeout"]
+SCENARIOS = ["exchange", "padding", "conv", "gradcheck", "errors", "timeout"]
 
 
 @pytest.fixture(scope="module", params=[2, 3, 4], ids=lambda w: f"W{w}")
@@ -34,6 +34,12 @@ def test_ranks(ranks, scenario):
         if not lines or not lines[0].startswith(f"RESULT {scenario} ok"):
             pytest.fail(f"rank {r.rank} of {len(ranks)}: scenario {scenario} did not pass\n{report(ranks)}")
     assert all(r.returncode == 0 for r in ranks), report(ranks)
+
+
+def test_padding_one_rank():
+    """The padding modes on a rank that is its own neighbour."""
+    ranks = launch(HERE / "ranks.py", 1, ["padding"], timeout=100)
+    assert ranks[0].returncode == 0 and "RESULT padding ok" in ranks[0].stdout, report(ranks)
 
 
 def _python(code: str, **env) -> subprocess.CompletedProcess:
