@@ -234,8 +234,8 @@ func (a wire) Alloc(n int) (transport.Buffer, error) {
 
 type wireBatch struct{ b *ucx.Batch }
 
-func (b wireBatch) Post(bases []uintptr) error    { return classify(b.b.Post(bases)) }
-func (b wireBatch) Wait(deadline time.Time) error { return classify(b.b.Wait(deadline)) }
+func (b wireBatch) Post(bases []uintptr) error       { return classify(b.b.Post(bases)) }
+func (b wireBatch) Wait(timeout time.Duration) error { return classify(b.b.WaitFor(timeout)) }
 func (b wireBatch) Test() (bool, error) {
 	done, err := b.b.Test()
 	return done, classify(err)

@@ -56,13 +56,17 @@ func addInto(d DType, dst, src unsafe.Pointer, n int) {
 		}
 	case Float64:
 		a, b := unsafe.Slice((*float64)(dst), n), unsafe.Slice((*float64)(src), n)
-		for i := range a {
+		for i := addF64Vector(a, b); i < n; i++ {
 			a[i] += b[i]
 		}
 	case Float16:
 		a, b := unsafe.Slice((*uint16)(dst), n), unsafe.Slice((*uint16)(src), n)
-		for i := range a {
-			a[i] = F32ToF16(f16Table[a[i]] + f16Table[b[i]])
+		for i := addF16Vector(a, b); i < n; i++ {
+			if s := f16Table[a[i]] + f16Table[b[i]]; s == s {
+				a[i] = F32ToF16(s)
+			} else {
+				a[i] = f16NaN(a[i], b[i], s)
+			}
 		}
 	case BFloat16:
 		a, b := unsafe.Slice((*uint16)(dst), n), unsafe.Slice((*uint16)(src), n)
@@ -72,12 +76,27 @@ func addInto(d DType, dst, src unsafe.Pointer, n int) {
 	}
 }
 
+// f16NaN is the float16 NaN that torch's scalar CPU add gives for a + b:
+// 0x7e00 with the sign of a if a is NaN, else of b if b is, else of the
+// CPU's default NaN in s (inf - inf; negative on amd64). Where both are NaN,
+// torch 1.13's vectorised loop may keep b's sign instead, depending on the
+// element's position (bench/RESULTS.md).
+func f16NaN(a, b uint16, s float32) uint16 {
+	switch {
+	case a&0x7fff > 0x7c00:
+		return a&0x8000 | 0x7e00
+	case b&0x7fff > 0x7c00:
+		return b&0x8000 | 0x7e00
+	}
+	return F32ToF16(s)
+}
+
 // addZero computes dst[i] = dst[i] + 0 for n elements: what the reference
 // does to boundary slices that no neighbour sent a gradient for (it adds a
 // zero tensor). It only changes -0.0 into +0.0, but bit-identical means it.
 func addZero(d DType, dst unsafe.Pointer, n int) {
 	switch d {
-	case Float32, BFloat16: // the vector kernels, a block of zeros at a time
+	case Float32, BFloat16, Float16: // the vector kernels, a block of zeros at a time
 		for done := 0; done < n; done += zeroBlock {
 			k := min(zeroBlock, n-done)
 			addInto(d, unsafe.Add(dst, done*d.Size()), unsafe.Pointer(&zeros[0]), k)
@@ -87,17 +106,12 @@ func addZero(d DType, dst unsafe.Pointer, n int) {
 		for i := range a {
 			a[i] += 0
 		}
-	case Float16:
-		a := unsafe.Slice((*uint16)(dst), n)
-		for i := range a {
-			a[i] = F32ToF16(f16Table[a[i]] + 0)
-		}
 	}
 }
 
 const zeroBlock = 4096
 
-// zeros is read-only: +0 in float32 and in bfloat16 alike.
+// zeros is read-only: +0 in float32, float16 and bfloat16 alike.
 var zeros [zeroBlock]float32
 
 var f16Table = func() (t [1 << 16]float32) {

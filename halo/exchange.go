@@ -2,7 +2,6 @@ package halo
 
 import (
 	"fmt"
-	"time"
 	"unsafe"
 )
 
@@ -325,7 +324,7 @@ func (p *Plan) wait(s *schedule) error {
 		return err
 	}
 	if s.batch != nil {
-		if err := s.batch.Wait(time.Now().Add(p.g.opts.Timeout)); err != nil {
+		if err := s.batch.Wait(p.g.opts.Timeout); err != nil {
 			return p.failed(s, err)
 		}
 	}

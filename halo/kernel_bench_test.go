@@ -15,10 +15,18 @@ func benchAdd(b *testing.B, d DType) {
 	}
 }
 
-func BenchmarkAdd2MiBFloat32(b *testing.B)  { benchAdd(b, Float32) }
-func BenchmarkAdd2MiBFloat64(b *testing.B)  { benchAdd(b, Float64) }
-func BenchmarkAdd2MiBFloat16(b *testing.B)  { benchAdd(b, Float16) }
-func BenchmarkAdd2MiBBFloat16(b *testing.B) { benchAdd(b, BFloat16) }
+func BenchmarkAdd2MiBFloat32(b *testing.B)  { benchKernels(b, Float32) }
+func BenchmarkAdd2MiBFloat64(b *testing.B)  { benchKernels(b, Float64) }
+func BenchmarkAdd2MiBFloat16(b *testing.B)  { benchKernels(b, Float16) }
+func BenchmarkAdd2MiBBFloat16(b *testing.B) { benchKernels(b, BFloat16) }
+
+// benchKernels times the additions with each kernel set a CPU may have:
+// the fastest this one has, SSE2 only, and none.
+func benchKernels(b *testing.B, d DType) {
+	b.Run("best", func(b *testing.B) { benchAdd(b, d) })
+	b.Run("sse2", func(b *testing.B) { withKernels(true, false, false, func() { benchAdd(b, d) }) })
+	b.Run("scalar", func(b *testing.B) { withKernels(false, false, false, func() { benchAdd(b, d) }) })
+}
 
 func BenchmarkAddZero2MiBFloat32(b *testing.B) {
 	dst := make([]byte, 2<<20)

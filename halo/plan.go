@@ -4,7 +4,6 @@ import (
 	"encoding/binary"
 	"fmt"
 	"strings"
-	"time"
 
 	"github.com/halo-cp/halo/halo/transport"
 )
@@ -362,7 +361,7 @@ func (p *Plan) agree() ([][]int64, error) {
 		if err := b.Post([]uintptr{buf.Addr()}); err != nil {
 			return nil, g.fail(fmt.Errorf("rank %d: creating plan %d: %w", me, p.id, err))
 		}
-		if err := b.Wait(time.Now().Add(g.opts.Timeout)); err != nil {
+		if err := b.Wait(g.opts.Timeout); err != nil {
 			return nil, g.fail(fmt.Errorf("rank %d: creating plan %d (every rank must create the same plans in the same order): %w", me, p.id, err))
 		}
 		for q := 0; q < W; q++ {

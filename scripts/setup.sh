@@ -6,10 +6,11 @@ cd "$(dirname "$0")/.."
 
 # Build: UCX, CMake, a C/C++ compiler. Tests and run.sh: PyTorch and pytest;
 # venv, pip, setuptools and wheel (halocp's wheel); Open MPI's mpirun and
-# torchrun (the launcher tests); iproute2 (network namespaces).
+# torchrun (the launcher tests), and its mpicc (bench/mpi_halo.c, the MPI peer
+# of bench/core.sh); iproute2 (network namespaces).
 packages=(libucx-dev ucx-utils cmake pkg-config gcc g++ make
   python3-torch python3-pytest python3-numpy python3-venv python3-pip python3-setuptools python3-wheel
-  openmpi-bin iproute2)
+  openmpi-bin libopenmpi-dev iproute2)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

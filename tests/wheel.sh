@@ -34,7 +34,10 @@ case $whl in
 *-py3-none-linux_*.whl) ;;
 *) fail "wheel $whl is not tagged py3-none-linux_<arch>" ;;
 esac
-"$python" -m zipfile -l "${wheels[0]}" | grep -q '^halocp/libhalo.so ' || fail "$whl does not carry halocp/libhalo.so"
+# The listing first, then grep: grep -q leaves at the first match, and under
+# pipefail the writer's broken pipe would fail the test.
+listing=$("$python" -m zipfile -l "${wheels[0]}") || fail "cannot list $whl"
+grep -q '^halocp/libhalo.so ' <<<"$listing" || fail "$whl does not carry halocp/libhalo.so"
 echo "ok: built $whl with halocp/libhalo.so inside"
 
 # 2. Install into a venv and run a job.

@@ -195,15 +195,25 @@ func (b *Batch) Post(bases []uintptr) error {
 	return nil
 }
 
-// Wait progresses until every posted operation has completed or the
-// deadline has passed (a zero deadline waits without limit). It returns nil
+// Wait is WaitFor with the time left until deadline (a zero deadline waits
+// without limit).
+func (b *Batch) Wait(deadline time.Time) error {
+	if deadline.IsZero() {
+		return b.WaitFor(-1)
+	}
+	return b.WaitFor(max(time.Until(deadline), 0))
+}
+
+// WaitFor progresses until every posted operation has completed or timeout
+// has passed (a negative timeout waits without limit; the time starts a few
+// microseconds into the wait, see hux_batch_wait). It returns nil
 // only if every operation succeeded and every receive got exactly its
 // length; otherwise a *WaitError naming each failed or pending operation,
 // matching ErrTimeout, ErrPeerFailed or ErrMessageLength as they apply. After
 // a deadline, receives are cancelled and endpoints with sends still pending
 // are force-closed, so the caller's memory is free again when Wait returns;
 // the transport should then be considered broken.
-func (b *Batch) Wait(deadline time.Time) error {
+func (b *Batch) WaitFor(timeout time.Duration) error {
 	t := b.t
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -212,10 +222,6 @@ func (b *Batch) Wait(deadline time.Time) error {
 	}
 	if !b.posted {
 		return errNotPosted
-	}
-	timeout := int64(-1)
-	if !deadline.IsZero() {
-		timeout = max(int64(time.Until(deadline)), 0)
 	}
 	C.hux_batch_wait(b.c, C.int64_t(timeout))
 	return b.result()

@@ -127,7 +127,8 @@ func (b *memBatch) Post(bases []uintptr) error {
 	return nil
 }
 
-func (b *memBatch) Wait(deadline time.Time) error {
+func (b *memBatch) Wait(timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
 	for {
 		ch, pending, err := b.poll()
 		if err != nil || len(pending) == 0 {

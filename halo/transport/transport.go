@@ -109,9 +109,12 @@ type Batch interface {
 	// Post starts every operation, with the given base addresses.
 	Post(bases []uintptr) error
 	// Wait progresses until every posted operation has completed or the
-	// deadline has passed; on failure it names the peers and operations
-	// still pending. After a failed Wait the transport is unusable.
-	Wait(deadline time.Time) error
+	// timeout has passed (a timeout, not a deadline: reading the clock
+	// costs as much as a small message's overheads, so an implementation
+	// may start the time late, or only when the wait is not over at once);
+	// on failure it names the peers and operations still pending. After a
+	// failed Wait the transport is unusable.
+	Wait(timeout time.Duration) error
 	// Test progresses without blocking; once every posted operation has
 	// completed it reports done, with the error Wait would have returned.
 	Test() (done bool, err error)
