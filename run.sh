@@ -22,6 +22,6 @@ build/bin/halod bench --local "$ranks" --min-bytes 16 --max-bytes 1M --step-fact
 	--compare-perftest --plot bench/out/quickstart.png --json bench/out/quickstart.json --log-format console "$@"
 echo
 echo "== 2/2  halocp against torch.distributed (gloo): 2 ranks, forward + backward, checked bit for bit"
-/usr/bin/python3 bench/torch_bench.py --json bench/out/torch_bench.json
+.venv/bin/python bench/torch_bench.py --json bench/out/torch_bench.json
 echo
 echo "== wrote bench/out/quickstart.png, bench/out/quickstart.json and bench/out/torch_bench.json"

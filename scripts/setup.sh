@@ -4,12 +4,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# Build: UCX, CMake, a C/C++ compiler. Tests and run.sh: PyTorch and pytest;
-# venv, pip, setuptools and wheel (halocp's wheel); Open MPI's mpirun and
-# torchrun (the launcher tests), and its mpicc (bench/mpi_halo.c, the MPI peer
-# of bench/core.sh); iproute2 (network namespaces).
+# Build: UCX, CMake, a C/C++ compiler. python3-venv and pip make the project
+# venv below (PyTorch comes from PyPI, not Debian). Open MPI's mpirun (the
+# launcher tests) and mpicc (bench/mpi_halo.c, the MPI peer of bench/core.sh);
+# iproute2 (network namespaces).
 packages=(libucx-dev ucx-utils cmake pkg-config gcc g++ make
-  python3-torch python3-pytest python3-numpy python3-venv python3-pip python3-setuptools python3-wheel
+  python3-venv python3-pip
   openmpi-bin libopenmpi-dev iproute2)
 missing=()
 for p in "${packages[@]}"; do
@@ -35,5 +35,29 @@ if [ "${minor:-0}" -lt 26 ]; then
   exit 1
 fi
 
-cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+# The project venv (.venv, or HALO_VENV): the Python of the tests, run.sh
+# and the benchmarks. No system site packages: PyTorch 2 and PyPI's UCX
+# (libucx-cu12, the second UCX the tests run against), pinned; pip runs only
+# when something is missing, so a second run is fast.
+venv=${HALO_VENV:-.venv}
+[ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+pins=(torch==2.15.0 numpy pytest libucx-cu12==1.22.0 setuptools wheel auditwheel)
+if ! "$venv/bin/python" - "${pins[@]}" <<'EOF'
+import sys
+from importlib.metadata import version, PackageNotFoundError
+for pin in sys.argv[1:]:
+    name, _, want = pin.partition("==")
+    try:
+        have = version(name)
+    except PackageNotFoundError:
+        sys.exit(1)
+    if want and have.split("+")[0] != want:
+        sys.exit(1)
+EOF
+then
+  echo "installing into $venv: ${pins[*]}"
+  "$venv/bin/python" -m pip install -q "${pins[@]}"
+fi
+
+cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DHALO_PYTHON="$(cd "$venv" && pwd)/bin/python" >/dev/null
 cmake --build build -j "$(nproc)"

@@ -6,25 +6,24 @@
 #   tests/launchers.sh torchrun-halocp REPO     examples/python/halo_job.py under torchrun
 #   tests/launchers.sh mpirun-halod HALOD       halod bench --check under Open MPI's mpirun
 #
-# torchrun: --nproc_per_node and --no_python are the spellings PyTorch 1.13
-# knows (2.x takes them too, and --nproc-per-node, --no-python). Debian's
-# torchrun 1.13 on Python 3.11 fails in its stream redirection set-up
-# ("'NoneType' object has no attribute 'get'") unless given -r 1 -t 1
-# (stdout to a log file, and teed to the console); --log_dir keeps those
-# files here. Exit 77 (skipped) when the launcher is not installed.
+# torchrun: the PyTorch 2 spellings (--nproc-per-node, --master-port,
+# --no-python, --log-dir), from the project venv's PyTorch; -r 1 -t 1 tee each
+# rank's stdout and stderr to the console as well as to --log-dir's files.
+# Exit 77 (skipped) when the launcher is not installed.
 set -euo pipefail
 
 mode=$1
 target=$(readlink -f "$2")
 source "$(dirname "$0")/lib.sh"
 
-torchrun=$(command -v torchrun || true)
+torchrun=$(dirname "$python")/torchrun
+[ -x "$torchrun" ] || torchrun=$(command -v torchrun || true)
 case $mode in
 torchrun-halod)
-	[ -n "$torchrun" ] || skip "torchrun is not installed (Debian: python3-torch)"
+	[ -n "$torchrun" ] || skip "torchrun is not installed (bash scripts/setup.sh makes .venv with PyTorch 2)"
 	port=$(free_port_pair)
-	run 120 "$torchrun" --nproc_per_node 2 --master_port "$port" -r 1 -t 1 --log_dir "$work/logs" \
-		--no_python "$target" bench --check -b 8 -e 64K --iters 20 --log-level debug --log-format json ||
+	run 120 "$torchrun" --nproc-per-node 2 --master-port "$port" -r 1 -t 1 --log-dir "$work/logs" \
+		--no-python "$target" bench --check -b 8 -e 64K --iters 20 --log-level debug --log-format json ||
 		fail "torchrun ... halod bench exited with status $?"
 	grep -q '2 ranks (torchrun)' "$work/out" || fail "rank 0's table does not say 2 ranks (torchrun)"
 	grep -q 'Result *: PASS' "$work/out" || fail "rank 0's table does not say PASS"
@@ -35,18 +34,18 @@ torchrun-halod)
 	if grep -v '^\[default[01]\]:#' "$work/out" | grep -v -E '^\[default0\]: +[0-9]+ ' | grep -q .; then
 		fail "stdout holds more than the table"
 	fi
-	echo "ok: torchrun --nproc_per_node 2 -r 1 -t 1 --no_python halod bench --check: PASS, rendezvous on MASTER_PORT+1"
+	echo "ok: torchrun --nproc-per-node 2 -r 1 -t 1 --no-python halod bench --check: PASS, rendezvous on MASTER_PORT+1"
 	;;
 torchrun-halocp)
-	[ -n "$torchrun" ] || skip "torchrun is not installed (Debian: python3-torch)"
+	[ -n "$torchrun" ] || skip "torchrun is not installed (bash scripts/setup.sh makes .venv with PyTorch 2)"
 	port=$(free_port_pair)
-	run 150 env PYTHONPATH="$target/python" "$torchrun" --nproc_per_node 2 --master_port "$port" -r 1 -t 1 \
-		--log_dir "$work/logs" "$target/examples/python/halo_job.py" ||
+	run 150 env PYTHONPATH="$target/python" "$torchrun" --nproc-per-node 2 --master-port "$port" -r 1 -t 1 \
+		--log-dir "$work/logs" "$target/examples/python/halo_job.py" ||
 		fail "torchrun ... examples/python/halo_job.py exited with status $?"
 	for r in 0 1; do
 		grep -q "rank $r of 2: ok" "$work/out" || fail "rank $r did not report ok"
 	done
-	echo "ok: torchrun --nproc_per_node 2 -r 1 -t 1 examples/python/halo_job.py: both ranks exact"
+	echo "ok: torchrun --nproc-per-node 2 -r 1 -t 1 examples/python/halo_job.py: both ranks exact"
 	;;
 mpirun-halod)
 	command -v mpirun >/dev/null || skip "mpirun is not installed (Debian: openmpi-bin)"

@@ -2,6 +2,11 @@
 # bounded in time whose processes all end with the test, failure reports.
 # Needs bash.
 
+# The Python of the tests: HALO_PYTHON (ctest passes the project's), else the
+# project venv that scripts/setup.sh makes (.venv, PyTorch 2 from PyPI).
+python=${HALO_PYTHON:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/.venv/bin/python}
+[ -x "$python" ] || python=python3
+
 work=$(mktemp -d)
 launcher_pid=
 cleanup() {
@@ -56,7 +61,7 @@ run() {
 # Two free TCP ports in a row: torchrun's store takes MASTER_PORT, halo's
 # rendezvous MASTER_PORT+1.
 free_port_pair() {
-	/usr/bin/python3 - <<'EOF'
+	"$python" - <<'EOF'
 import socket
 for _ in range(100):
     with socket.socket() as a:

@@ -6,22 +6,22 @@
 # 1. pip wheel builds halocp's wheel from the repository: libhalo.so is
 #    compiled (CMake and Go) and inside, and the wheel is tagged for the
 #    platform, not py3-none-any;
-# 2. a venv with the system's site packages (Debian's torch) installs it,
-#    and a 2-rank job runs under torchrun with no HALO_LIBRARY,
+# 2. a plain venv that sees the project venv's packages (PyTorch 2, PyPI's
+#    UCX) through a .pth file, as a venv with system site packages sees the
+#    system's, installs it offline, and a 2-rank job runs under torchrun with no HALO_LIBRARY,
 #    LD_LIBRARY_PATH or PYTHONPATH, from outside the repository, using
 #    the copy inside the package;
 # 3. with that copy gone, the error lists only places that exist for an
 #    installed package (no source-tree build folder).
-# Offline: --no-build-isolation (Debian's setuptools and wheel) and
-# --no-index. Exit 77 (skipped) without python3's venv, pip or wheel.
+# Offline: --no-build-isolation (the project venv's setuptools and wheel) and
+# --no-index. Exit 77 (skipped) without venv, pip, setuptools, wheel or torch.
 set -euo pipefail
 
 repo=$(readlink -f "$1")
 source "$repo/tests/lib.sh"
-python=/usr/bin/python3
 "$python" -c 'import importlib.util as u, sys; sys.exit(not all(map(u.find_spec, ["venv", "ensurepip", "pip", "setuptools", "wheel"])))' ||
-	skip "needs python3 with venv, pip, setuptools and wheel (Debian: python3-venv python3-pip python3-setuptools python3-wheel)"
-"$python" -c 'import torch' 2>/dev/null || skip "needs torch for $python (Debian: python3-torch)"
+	skip "needs $python with venv, pip, setuptools and wheel (bash scripts/setup.sh makes .venv)"
+"$python" -c 'import torch' 2>/dev/null || skip "needs torch for $python (bash scripts/setup.sh makes .venv)"
 clean=(env -u HALO_LIBRARY -u LD_LIBRARY_PATH -u PYTHONPATH)
 
 # 1. The wheel.
@@ -41,13 +41,18 @@ grep -q '^halocp/libhalo.so ' <<<"$listing" || fail "$whl does not carry halocp/
 echo "ok: built $whl with halocp/libhalo.so inside"
 
 # 2. Install into a venv and run a job.
-"$python" -m venv --system-site-packages "$work/venv"
-run 120 "${clean[@]}" "$work/venv/bin/pip" install --no-index "${wheels[0]}" || fail "pip install $whl failed"
+# No pip or setuptools of its own (the project venv's pip installs into it):
+# an old bundled setuptools would shadow the one PyTorch 2 requires.
+"$python" -m venv --without-pip "$work/venv"
+# The test's venv reads the project venv's site packages after its own.
+base=$("$python" -c 'import sysconfig; print(sysconfig.get_paths()["platlib"])')
 site=$("$work/venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["platlib"])')
+echo "$base" >"$site/project-venv.pth"
+run 120 "${clean[@]}" "$python" -m pip --python "$work/venv/bin/python" install --no-index "${wheels[0]}" || fail "pip install $whl failed"
 port=$(free_port_pair)
 cd "$work"
-run 150 "${clean[@]}" "$work/venv/bin/python" -m torch.distributed.run --nproc_per_node 2 --master_port "$port" \
-	-r 1 -t 1 --log_dir "$work/logs" "$repo/examples/python/halo_job.py" || fail "the 2-rank job failed"
+run 150 "${clean[@]}" "$work/venv/bin/python" -m torch.distributed.run --nproc-per-node 2 --master-port "$port" \
+	-r 1 -t 1 --log-dir "$work/logs" "$repo/examples/python/halo_job.py" || fail "the 2-rank job failed"
 for r in 0 1; do
 	grep -q "rank $r of 2: ok.* from $site/halocp/libhalo.so" "$work/out" ||
 		fail "rank $r did not report ok with the library from $site/halocp"
