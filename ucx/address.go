@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"sync"
 )
 
 // UCX unpacks a worker address (ucp_address_unpack, ucp/wireup/address.c)
@@ -22,8 +23,9 @@ import (
 //     so the header, which says how the rest is laid out, is the same on
 //     every rank; anything else would trip UCX's version assertion or make
 //     it read the address with the wrong layout.
-//   - The body is walked with the layout of UCX 1.13's packed worker address
-//     (versions 1 and 2, non-unified mode): every length must stay inside
+//   - The body is walked with the layout of the loaded UCX's packed worker
+//     address (versions 1 and 2, non-unified mode; 1.13 to 1.22 differ only
+//     in version 1's MD index, 5 bits before 1.19 and 7 from 1.19): every length must stay inside
 //     the address and the walk must end exactly at its end; the interface
 //     attributes that lane selection computes with must be finite and
 //     within physical bounds; indices must be within UCX's limits. The walk
@@ -36,7 +38,7 @@ import (
 // (comm/address.go) carries a checksum for those, and the rendezvous decides
 // who may hand out an address at all.
 
-// Layout constants of UCX 1.13's address format (ucp/wireup/address.c).
+// Layout constants of UCX's address format (ucp/wireup/address.c), 1.13 on.
 const (
 	addrVersionV1 = 0
 	addrVersionV2 = 1
@@ -48,7 +50,8 @@ const (
 	addrNullResource = 0xff
 
 	mdFlagEmptyDev = 0x80
-	mdMaskV1       = 0x1f // the other two bits are MD capability flags
+	mdMaskV1       = 0x1f // before 1.19: the other two bits are MD capability flags
+	mdMaskV1From19 = 0x7f // 1.19 on: the capability flags are gone
 	mdMaskV2       = 0x7f // 0x7f: the index is in the next byte
 
 	devFlagLast     = 0x80
@@ -62,6 +65,7 @@ const (
 	ifaceAttrLenV1   = 16   // float overhead, bandwidth, lat_ovh; u32 prio and flags
 	ifaceAttrLenV2   = 8    // fp8 overhead, bandwidth, latency; u8 prio; u16 seg size, flags
 	maxAddrResources = 128
+	pidNSLen         = 8  // a PID namespace id in posix and cuda_ipc addresses
 	maxAddrMDs       = 64 // remote MD indices index 64-bit maps
 
 	// Bounds on what a real interface reports: nobody's overhead or
@@ -151,9 +155,20 @@ type addrLayout struct {
 	contents [][2]int // [start, end) byte ranges
 }
 
-// walkAddress walks a packed worker address laid out as UCX 1.13 packs it
-// and checks every field UCX would trust.
-func walkAddress(a []byte) (*addrLayout, error) {
+// loadedMDMaskV1 is version 1's MD index mask for the UCX that is loaded.
+var loadedMDMaskV1 = sync.OnceValue(func() byte {
+	if major, minor := versionNumber(); major > 1 || major == 1 && minor >= 19 {
+		return mdMaskV1From19
+	}
+	return mdMaskV1
+})
+
+// walkAddress walks a packed worker address laid out as the loaded UCX
+// packs it and checks every field UCX would trust.
+func walkAddress(a []byte) (*addrLayout, error) { return walkAddressWith(a, loadedMDMaskV1()) }
+
+// walkAddressWith walks a with version 1's MD index mask mdMaskV1.
+func walkAddressWith(a []byte, v1MDMask byte) (*addrLayout, error) {
 	version, flags, n, err := addrHeader(a)
 	if err != nil {
 		return nil, err
@@ -173,7 +188,7 @@ func walkAddress(a []byte) (*addrLayout, error) {
 	if r.err == nil && r.off < len(a) && a[r.off] == addrNullResource {
 		r.off++
 	} else {
-		walkDevices(r, v2, l)
+		walkDevices(r, v2, v1MDMask, l)
 	}
 	if r.err != nil {
 		return nil, r.err
@@ -184,8 +199,8 @@ func walkAddress(a []byte) (*addrLayout, error) {
 	return l, nil
 }
 
-func walkDevices(r *addrReader, v2 bool, l *addrLayout) {
-	mdMask, attrLen := byte(mdMaskV1), ifaceAttrLenV1
+func walkDevices(r *addrReader, v2 bool, v1MDMask byte, l *addrLayout) {
+	mdMask, attrLen := v1MDMask, ifaceAttrLenV1
 	if v2 {
 		mdMask, attrLen = mdMaskV2, ifaceAttrLenV2
 	}
@@ -281,18 +296,22 @@ func CheckAddress(own, peer []byte) error {
 	if err != nil {
 		return err
 	}
-	// A transport's interface address has one length (a port, a segment
-	// id); UCX reads it with that length whatever the address says. Entries
-	// of transports this worker lacks are never used, so only those it has
-	// are held to its lengths.
+	// UCX reads a transport's interface address with the lengths it knows
+	// for it, whatever the entry says: a length byte flipped so that the
+	// walk still ends at the end crashed UCX 1.13 in the probe test. But one
+	// transport does not have one length: posix's and cuda_ipc's carry a PID
+	// namespace id (ucs_sys_ns_t, 8 bytes) when a rank runs in its own, so a
+	// containerised rank and a bare one differ by that. Entries of
+	// transports this worker lacks are never used, so only those it has are
+	// held to its lengths, give or take a namespace id.
 	lens := make(map[uint16][]int)
 	for _, e := range ownLayout.entries {
-		lens[e.csum] = append(lens[e.csum], e.ifaceLen)
+		lens[e.csum] = append(lens[e.csum], e.ifaceLen, e.ifaceLen+pidNSLen, e.ifaceLen-pidNSLen)
 	}
 	for i, e := range layout.entries {
 		if want, ok := lens[e.csum]; ok && !slices.Contains(want, e.ifaceLen) {
-			return fmt.Errorf("%w: transport address %d (name checksum %#04x) is %d bytes, but that transport's are %d",
-				errAddress, i, e.csum, e.ifaceLen, want[0])
+			return fmt.Errorf("%w: transport address %d (name checksum %#04x) is %d bytes, but that transport's are %d (or %d more or less with a PID namespace id)",
+				errAddress, i, e.csum, e.ifaceLen, want[0], pidNSLen)
 		}
 	}
 	return nil

@@ -270,3 +270,67 @@ func FuzzCheckAddress(f *testing.F) {
 		}
 	})
 }
+
+// v1Address packs a version 1 worker address with one device of MD index
+// byte md and one transport entry of iface bytes: the layout of UCX 1.13 to
+// 1.22 (no debug info, no uuid, plausible interface attributes).
+func v1Address(md byte, iface []byte) []byte {
+	a := []byte{addrVersionV1, md, devFlagLast, 0x34, 0x12}
+	for _, v := range []float32{1e-6, 1e9, 1e-6} {
+		a = binary.LittleEndian.AppendUint32(a, math.Float32bits(v))
+	}
+	a = append(a, 0, 0, 0, 0, ifaceFlagLast|byte(len(iface)))
+	return append(a, iface...)
+}
+
+// From UCX 1.19 version 1's MD index has 7 bits: an index past UCX's 64
+// MDs must be refused, which the 5-bit mask of 1.13 read as a small one.
+func TestCheckAddressV1MDIndex(t *testing.T) {
+	if _, err := walkAddressWith(v1Address(40, []byte{1, 2}), mdMaskV1From19); err != nil {
+		t.Errorf("UCX 1.22 address with MD index 40 refused: %v", err)
+	}
+	_, err := walkAddressWith(v1Address(0x45, []byte{1, 2}), mdMaskV1From19)
+	if err == nil || !strings.Contains(err.Error(), "md index 69") {
+		t.Errorf("UCX 1.22 address with MD index 69: err = %v, want one naming md index 69", err)
+	}
+	if _, err := walkAddressWith(v1Address(0x45, []byte{1, 2}), mdMaskV1); err != nil {
+		t.Errorf("UCX 1.13 reads byte 0x45 as MD 5 with a flag, refused: %v", err)
+	}
+	var major, minor int
+	fmt.Sscanf(Version(), "%d.%d", &major, &minor)
+	if want := byte(mdMaskV1From19); (major > 1 || minor >= 19) != (loadedMDMaskV1() == want) {
+		t.Errorf("UCX %s: version 1 MD mask %#x", Version(), loadedMDMaskV1())
+	}
+}
+
+// A peer's transport address may be longer or shorter than ours for the
+// same transport by a PID namespace id (posix and cuda_ipc in a
+// container): such a mix is accepted; other lengths are not.
+func TestCheckAddressAcceptsLengthMix(t *testing.T) {
+	own := openT(t, probeOptions).Address()
+	layout, err := walkAddress(own)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, e := range layout.entries {
+		lenAt := e.ifaceOff - 1
+		if own[0]&0x0f != addrVersionV1 || e.ifaceLen+8 > ifaceLenMask-1 {
+			continue
+		}
+		peer := append([]byte(nil), own[:e.ifaceOff+e.ifaceLen]...)
+		peer = append(peer, 1, 2, 3, 4, 5, 6, 7, 8) // a namespace id, say
+		peer = append(peer, own[e.ifaceOff+e.ifaceLen:]...)
+		peer[lenAt] += 8
+		if err := CheckAddress(own, peer); err != nil {
+			t.Errorf("entry %d (name checksum %#04x) 8 bytes longer than ours: %v", i, e.csum, err)
+		}
+		if CheckAddress(own, peer[:len(peer)-1]) == nil {
+			t.Errorf("entry %d longer, address cut by a byte: accepted", i)
+		}
+		odd := append(append(append([]byte(nil), own[:e.ifaceOff+e.ifaceLen]...), 1, 2, 3), own[e.ifaceOff+e.ifaceLen:]...)
+		odd[lenAt] += 3
+		if err := CheckAddress(own, odd); err == nil || !strings.Contains(err.Error(), "bytes, but that transport's") {
+			t.Errorf("entry %d 3 bytes longer than ours: err = %v, want a length refusal", i, err)
+		}
+	}
+}

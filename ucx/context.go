@@ -84,6 +84,14 @@ func Version() string {
 	return C.GoString(C.ucp_get_version_string())
 }
 
+// versionNumber is the loaded UCX's major and minor version (ucp_get_version),
+// which the address walk needs: the layout changed across releases.
+func versionNumber() (major, minor int) {
+	var ma, mi, re C.uint
+	C.ucp_get_version(&ma, &mi, &re)
+	return int(ma), int(mi)
+}
+
 // Open creates a UCP context (tag matching only) and one worker for rank of
 // a group of size ranks. Connect it to its peers before posting.
 func Open(rank, size int, opts Options) (*Transport, error) {
