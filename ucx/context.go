@@ -1,9 +1,20 @@
 package ucx
 
 /*
-#cgo LDFLAGS: -lucp -lucs
+#cgo LDFLAGS: -lucp -lucs -ldl
+#define _GNU_SOURCE
+#include <dlfcn.h>
 #include <stdlib.h>
 #include "helpers.h"
+
+// The file libucp was loaded from (NULL if the loader cannot say).
+static const char *hux_ucp_path(void) {
+    Dl_info info;
+    if (dladdr((void *)ucp_get_version_string, &info) == 0) {
+        return NULL;
+    }
+    return info.dli_fname;
+}
 */
 import "C"
 
@@ -82,6 +93,15 @@ const DefaultKeepalive = time.Second
 // Version is the version of the UCX library in use (ucp_get_version_string).
 func Version() string {
 	return C.GoString(C.ucp_get_version_string())
+}
+
+// LibraryPath is the file the UCX library in use was loaded from (libucp's,
+// as the loader resolved it): which of several installed UCX builds runs.
+func LibraryPath() string {
+	if p := C.hux_ucp_path(); p != nil {
+		return C.GoString(p)
+	}
+	return "(unknown)"
 }
 
 // versionNumber is the loaded UCX's major and minor version (ucp_get_version),

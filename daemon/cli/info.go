@@ -140,6 +140,7 @@ func cudaPath(memory []string) string {
 type infoReport struct {
 	Halo       string            `json:"halo_version"`
 	UCX        string            `json:"ucx_version"`
+	UCXPath    string            `json:"ucx_library"` // the libucp file loaded
 	Go         string            `json:"go_version"`
 	Hostname   string            `json:"hostname"`
 	CPUs       int               `json:"cpus"`
@@ -164,7 +165,7 @@ func info(c *ucli.Context) error {
 		return usagef(c, "takes no arguments (got %q)", c.Args().First())
 	}
 	host, _ := os.Hostname()
-	r := infoReport{Halo: halo.Version, UCX: ucx.Version(), Go: runtime.Version() + " " + runtime.GOOS + "/" + runtime.GOARCH,
+	r := infoReport{Halo: halo.Version, UCX: ucx.Version(), UCXPath: ucx.LibraryPath(), Go: runtime.Version() + " " + runtime.GOOS + "/" + runtime.GOARCH,
 		Hostname: host, CPUs: runtime.NumCPU()}
 	var err error
 	if r.Resources, err = ucx.Resources(); err != nil {
@@ -197,7 +198,7 @@ func info(c *ucli.Context) error {
 }
 
 func printInfo(w io.Writer, r *infoReport) {
-	fmt.Fprintf(w, "halo     %s\nUCX      %s\nGo       %s\nhost     %s (%d CPUs)\n\n", r.Halo, r.UCX, r.Go, r.Hostname, r.CPUs)
+	fmt.Fprintf(w, "halo     %s\nUCX      %s from %s\nGo       %s\nhost     %s (%d CPUs)\n\n", r.Halo, r.UCX, r.UCXPath, r.Go, r.Hostname, r.CPUs)
 
 	fmt.Fprintln(w, "UCX transports and devices on this host:")
 	if r.ResErr != "" {
