@@ -163,7 +163,33 @@ def _static_tls_hint(err: str) -> str:
     )
 
 
+def _load_ucx() -> str:
+    """Loads the UCX that libhalo will use, before libhalo: HALO_UCX=wheel
+    is PyPI's UCX wheel (libucx, which halocp depends on), system the
+    loader's (a system or HPC-X UCX), auto (the default) the wheel if it is
+    installed, else the system's. The wheel's libraries are loaded by path;
+    libhalo's dependency on libucp.so.0 then resolves to them, as the loader
+    matches a loaded library by its soname."""
+    choice = os.environ.get("HALO_UCX", "auto")
+    if choice not in ("auto", "wheel", "system"):
+        raise HaloError(ERR_INVALID_ARGUMENT, f"halocp: HALO_UCX={choice!r}: expected auto, wheel or system")
+    if choice == "system":
+        return choice
+    try:
+        import libucx
+    except ImportError:
+        if choice == "wheel":
+            raise HaloError(
+                ERR_INVALID_STATE,
+                "halocp: HALO_UCX=wheel, but PyPI's UCX wheel is not installed (pip install libucx-cu12, or libucx-cu13)",
+            ) from None
+        return "system"
+    libucx.load_library()
+    return "wheel"
+
+
 def _load() -> ctypes.CDLL:
+    _load_ucx()
     tried = []
     for where, path in _candidates():
         if isinstance(path, Path) and not path.exists():
