@@ -110,7 +110,10 @@ class _ContextParallelConv(torch.autograd.Function):
             y = empty_in_order(_padded_frames(y_in, n), dim_order(y_in), y_in.dtype)
             torch.cat([y_left, y_in, y_right], 2, out=y)
         elif n:
-            y = cfg.conv(torch.cat([lh, x, rh], 2), weight, bias)
+            # In x's layout: torch.cat (PyTorch 2.15) lays out a one-frame
+            # channels_last x beside an empty halo as a contiguous tensor.
+            p = empty_in_order(_padded_frames(x, n + c), dim_order(x), x.dtype, x.device)
+            y = cfg.conv(torch.cat([lh, x, rh], 2, out=p), weight, bias)
         else:  # an empty shard: no output frames, but its halos still travel
             y = x.new_empty(cfg.output_shape(x, weight))
         ctx.save_for_backward(x, weight, lh, rh)
