@@ -36,7 +36,7 @@ from ._cuda import cuda_path
 from ._inflight import Exchange, abort
 from .exchange import cp_halo_exchange, cp_halo_exchange_start, halo_exchange_, halo_exchange_start_, halos, halos_start
 from .tiles import TileGrid, tile_halo_exchange
-from . import nn
+from . import _ops, nn  # _ops registers the custom ops torch.compile sees
 
 # include/halo.h's version (the source); pyproject.toml reads this line and
 # tests/python/test_abi.py checks it against the header.

@@ -307,6 +307,30 @@ def resolve_group(group):
     return group
 
 
+# Process groups by token, for the custom ops (which take strings, not
+# groups): the group's name, "" for the default group.
+_groups_by_token: dict = {}
+
+
+def group_token(group) -> str:
+    """The token naming group in a custom op's arguments."""
+    if group is None:
+        return ""
+    token = _group_name(group)
+    _groups_by_token[token] = group
+    return token
+
+
+def token_group(token: str):
+    """The group a token names (None: the default group)."""
+    if not token:
+        return None
+    try:
+        return _groups_by_token[token]
+    except KeyError:
+        raise HaloError(_lib.ERR_INVALID_ARGUMENT, f"halocp: no process group has token {token!r}") from None
+
+
 def communicator(group=None, *, timeout: float | None = None) -> Communicator:
     """The communicator of a torch process group, made on first use.
 

@@ -40,7 +40,8 @@ import torch
 from torch import Tensor
 
 from . import _inflight, _lib
-from ._comm import PLAN_CACHE_SIZE, communicator
+from ._comm import PLAN_CACHE_SIZE, communicator, halo_dtype
+from ._layout import dim_order, empty_in_order, outermost as _outermost, resized as _halo_shape
 from ._lib import HaloError
 
 DIRECT, STAGED = "direct", "staged"
@@ -84,36 +85,18 @@ def _path(comm) -> str:
 # ------------------------------------------------------------------ layouts
 
 
-def _outermost(shape, dim, **kw) -> Tensor:
-    """An empty tensor of shape whose dim is outermost in memory: a range of
-    slices along dim is one contiguous run."""
-    s = list(shape)
-    n = s.pop(dim)
-    return torch.empty([n] + s, **kw).movedim(0, dim)
-
-
 def _format(t: Tensor, shape=None) -> tuple:
     """What an output in t's memory format needs: the CPU path's outputs and
     gradients keep x's format, and so do these."""
-    from .exchange import dim_order
-
     return (tuple(t.shape if shape is None else shape), dim_order(t), t.dtype, t.device)
 
 
 def _empty(fmt: tuple) -> Tensor:
-    from .exchange import empty_in_order
-
     return empty_in_order(*fmt)
 
 
 def _like(t: Tensor, shape=None) -> Tensor:
     return _empty(_format(t, shape))
-
-
-def _halo_shape(shape, dim, k):
-    s = list(shape)
-    s[dim] = k
-    return s
 
 
 class _Layout:
@@ -259,18 +242,9 @@ class _Layout:
 def buffer_params(x, lh, rh, gl, gr, gx, left, right, dim, memory, padding_mode="zeros"):
     """halo_plan_params_t of a halos-only plan over these tensors' layouts,
     in memory of type memory (a _lib.MEMORY_*)."""
-    from .exchange import _params
-
-    p = _params(x.dtype, tuple(x.shape), dim, left, right, x.stride(), None, None, padding_mode)
-    p.halos_only = 1
-    arrays = [_lib.int64_array(t.stride()) for t in (lh, rh, gl, gr, gx)]
-    p._keep += arrays
-    p.left_strides, p.right_strides, p.grad_left_strides, p.grad_right_strides, p.grad_x_strides = arrays
-    p.memory_type = memory
-    p.field_mask |= (_lib.PLAN_PARAM_HALOS_ONLY | _lib.PLAN_PARAM_LEFT_STRIDES | _lib.PLAN_PARAM_RIGHT_STRIDES
-                     | _lib.PLAN_PARAM_GRAD_LEFT_STRIDES | _lib.PLAN_PARAM_GRAD_RIGHT_STRIDES
-                     | _lib.PLAN_PARAM_GRAD_X_STRIDES | _lib.PLAN_PARAM_MEMORY_TYPE)
-    return p
+    return _lib.plan_params(halo_dtype(x.dtype), tuple(x.shape), dim, left, right, x.stride(), padding_mode,
+                            halos_only=True, memory_type=memory, left_strides=lh.stride(), right_strides=rh.stride(),
+                            grad_left_strides=gl.stride(), grad_right_strides=gr.stride(), grad_x_strides=gx.stride())
 
 
 def _layout(x: Tensor, left, right, dim, group, padding_mode) -> _Layout:

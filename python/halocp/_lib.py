@@ -276,3 +276,55 @@ def check(rc: int, what: str) -> None:
 
 def int64_array(values) -> ctypes.Array:
     return (ctypes.c_int64 * len(values))(*values)
+
+
+# torch.nn.Conv3d's padding_mode spellings, and halo_padding_t.
+PADDINGS = {"zeros": PAD_ZEROS, "replicate": PAD_REPLICATE, "reflect": PAD_REFLECT, "circular": PAD_CIRCULAR}
+
+
+def padding_code(mode) -> int:
+    """halo_padding_t of a padding_mode argument; ValueError naming the choices."""
+    try:
+        return PADDINGS[mode]
+    except (KeyError, TypeError):
+        raise ValueError(f"halocp: padding_mode {mode!r} is not one of {', '.join(map(repr, PADDINGS))}") from None
+
+
+# Optional stride fields of halo_plan_params_t, by keyword of plan_params.
+_STRIDE_FIELDS = {
+    "out_strides": PLAN_PARAM_OUT_STRIDES,
+    "grad_out_strides": PLAN_PARAM_GRAD_OUT_STRIDES,
+    "grad_x_strides": PLAN_PARAM_GRAD_X_STRIDES,
+    "left_strides": PLAN_PARAM_LEFT_STRIDES,
+    "right_strides": PLAN_PARAM_RIGHT_STRIDES,
+    "grad_left_strides": PLAN_PARAM_GRAD_LEFT_STRIDES,
+    "grad_right_strides": PLAN_PARAM_GRAD_RIGHT_STRIDES,
+}
+
+
+def plan_params(dtype: int, shape, dim, left, right, x_strides, padding_mode="zeros", halos_only=False,
+                memory_type=None, **strides) -> PlanParams:
+    """The one builder of halo_plan_params_t: dtype a halo_dtype_t, strides
+    in elements; each optional stride field (out_strides, grad_x_strides,
+    left_strides, ...) is set, with its field_mask bit, when given."""
+    if not 1 <= len(shape) <= MAX_DIMS:
+        raise HaloError(ERR_INVALID_ARGUMENT, f"halocp: tensors of 1 to {MAX_DIMS} dims, not {len(shape)}")
+    p = PlanParams()
+    p.dtype, p.ndim, p.dim, p.left, p.right = dtype, len(shape), dim, left, right
+    p.padding = padding_code(padding_mode)
+    p.field_mask = PLAN_PARAM_X_STRIDES | PLAN_PARAM_PADDING
+    # The arrays must outlive the call only: keep them on the struct object.
+    p._keep = [int64_array(shape), int64_array(x_strides)]
+    p.shape, p.x_strides = p._keep
+    for name, value in strides.items():
+        if value is not None:
+            p._keep.append(int64_array(value))
+            setattr(p, name, p._keep[-1])
+            p.field_mask |= _STRIDE_FIELDS[name]
+    if halos_only:
+        p.halos_only = 1
+        p.field_mask |= PLAN_PARAM_HALOS_ONLY
+    if memory_type is not None:
+        p.memory_type = memory_type
+        p.field_mask |= PLAN_PARAM_MEMORY_TYPE
+    return p
