@@ -175,7 +175,18 @@ class Communicator:
     connects. Use :func:`halocp.communicator` to get one.
     """
 
+    # Per-communicator state beside the plans, released by close():
+    # cuda_path: "direct" or "staged" once asked (halocp._cuda);
+    # cuda_layouts: the CUDA paths' layouts (plans and device or pinned buffers);
+    # dropped: exchanges whose handles were dropped unwaited (halocp._inflight);
+    # calls: what a call site needs per layout, prepared once (exchange.py).
+    cuda_path: str | None
+    cuda_layouts: OrderedDict
+    dropped: list
+    calls: dict
+
     def __init__(self, group, timeout: float | None = None):
+        self.cuda_path, self.cuda_layouts, self.dropped, self.calls = None, OrderedDict(), [], {}
         self.group = group
         self.rank = dist.get_rank(group)
         self.world_size = dist.get_world_size(group)
@@ -275,6 +286,8 @@ class Communicator:
         """Forget every cached plan (local; do it on every rank at the same point)."""
         with self.lock:
             self._plans.clear()
+            self.calls.clear()
+            self.cuda_layouts.clear()
 
     def close(self) -> None:
         """Destroy the communicator and its plans (local; never hangs)."""
@@ -283,6 +296,9 @@ class Communicator:
                 return
             self.closed = True
             self._plans.clear()
+            self.calls.clear()
+            self.cuda_layouts.clear()
+            self.dropped = []
             if self.handle is not None:
                 _lib.lib().halo_comm_destroy(self.handle)
                 self.handle = None

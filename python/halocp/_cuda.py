@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-from collections import OrderedDict
 
 import torch
 from torch import Tensor
@@ -73,12 +72,12 @@ def cuda_path(group=None) -> str:
 
 
 def _path(comm) -> str:
-    path = comm.__dict__.get("_halocp_cuda_path")
+    path = comm.cuda_path
     if path is None:
         types = ctypes.c_uint64(0)
         _lib.check(_lib.lib().halo_comm_memory_types(comm.handle, ctypes.byref(types)), "halo_comm_memory_types")
         path = DIRECT if types.value >> _lib.MEMORY_CUDA & 1 else STAGED
-        comm.__dict__["_halocp_cuda_path"] = path
+        comm.cuda_path = path
     return path
 
 
@@ -253,7 +252,7 @@ def _layout(x: Tensor, left, right, dim, group, padding_mode) -> _Layout:
     if left < 0 or right < 0:  # before any buffer is sized by them
         raise HaloError(_lib.ERR_INVALID_ARGUMENT, f"halocp: halo sizes must not be negative (left {left}, right {right})")
     comm = communicator(group)
-    cache = comm.__dict__.setdefault("_halocp_cuda_layouts", OrderedDict())
+    cache = comm.cuda_layouts
     key = (x.device, x.dtype, dim, left, right, tuple(x.shape), padding_mode)
     lay = cache.get(key)
     if lay is not None:

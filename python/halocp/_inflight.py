@@ -28,10 +28,6 @@ _DIRECTION = {
     HALOS_BACKWARD: _lib.DIR_BACKWARD,
 }
 
-# Attribute of a Communicator holding the exchanges whose handles were
-# dropped before they finished (set here, so _comm.py needs no change).
-_DROPPED = "_halocp_dropped"
-
 
 def run(plan, call: str, *tensors) -> None:
     """A blocking exchange on plan: the C call ``call`` with the tensors'
@@ -108,7 +104,7 @@ def settle(comm) -> None:
     and so are their failures: a failed exchange leaves the communicator
     failed, and the call that settles reports that itself.
     """
-    dropped = comm.__dict__.get(_DROPPED)
+    dropped = comm.dropped
     while dropped:
         dropped.pop(0).finish_quietly()
 
@@ -184,7 +180,7 @@ class Exchange:
         pending = getattr(self, "_pending", None)
         if pending is not None and not pending.finished:
             try:
-                pending.plan.comm.__dict__.setdefault(_DROPPED, []).append(pending)
+                pending.plan.comm.dropped.append(pending)
             except Exception:  # interpreter shutdown
                 pass
 

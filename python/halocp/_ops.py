@@ -69,9 +69,7 @@ def _exchange_backward_op(grad_out: Tensor, x_shape: list[int], x_strides: list[
     if _cuda.wanted(x):
         ctx = SimpleNamespace(lay=_cuda._layout(x, left, right, dim, g, padding_mode), fmt=_cuda._format(x))
         return _cuda._Padded.backward(ctx, grad_out)[0]
-    plan = exchange._plan_out_of_place(x, left, right, dim, g, padding_mode)
-    ctx = SimpleNamespace(plan=plan, shape=x.shape, dtype=x.dtype, order=dim_order(x))
-    return exchange._HaloExchange.backward(ctx, grad_out)[0]
+    return exchange._Copy.of(x, left, right, dim, g, padding_mode).backward(grad_out)
 
 
 @_exchange_backward_op.register_fake

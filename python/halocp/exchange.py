@@ -72,30 +72,71 @@ def _lookup(group, key, params):
     return comm.plan(key, params)
 
 
+class _Copy:
+    """An out-of-place exchange of one layout, prepared once: its plan and
+    the shapes and strides of its output and of x's gradient (the step's
+    per-call work is then a dict lookup, two allocations and a C call)."""
+
+    __slots__ = ("plan", "out_shape", "out_strides", "x_shape", "x_strides", "dtype")
+
+    def __init__(self, x, left, right, dim, group, padding_mode):
+        order = dim_order(x)
+        self.plan = _plan_out_of_place(x, left, right, dim, group, padding_mode)
+        self.out_shape = _padded_shape(x.shape, dim, left + right)
+        self.out_strides = strides_in_order(self.out_shape, order)
+        self.x_shape, self.x_strides, self.dtype = tuple(x.shape), strides_in_order(x.shape, order), x.dtype
+
+    @staticmethod
+    def of(x, left, right, dim, group, padding_mode) -> "_Copy":
+        """x's prepared exchange on group's communicator. Cached per
+        communicator, beside (not instead of) its plan cache: every rank
+        fills and clears it at the same calls, so plans are still made
+        collectively in step."""
+        comm = communicator(group)
+        key = (x.shape, x.stride(), x.dtype, dim, left, right, padding_mode)
+        call = comm.calls.get(key)
+        if call is None:
+            call = _Copy(x, left, right, dim, group, padding_mode)
+            if len(comm.calls) >= _PREPARED_MAX:
+                comm.calls.clear()
+            comm.calls[key] = call
+        elif comm.dropped:
+            _inflight.settle(comm)
+        return call
+
+    def forward(self, x: Tensor) -> Tensor:
+        out = torch.empty_strided(self.out_shape, self.out_strides, dtype=self.dtype)
+        self.plan.forward(x.data_ptr(), out.data_ptr())
+        return out
+
+    def backward(self, grad_out: Tensor) -> Tensor:
+        grad_out = in_strides(grad_out, self.out_strides)  # the usual gradient already is
+        grad_x = torch.empty_strided(self.x_shape, self.x_strides, dtype=self.dtype)
+        _inflight.settle(self.plan.comm)
+        self.plan.backward(grad_out.data_ptr(), grad_x.data_ptr())
+        return grad_x
+
+
+# Prepared exchanges a communicator keeps (then it starts afresh).
+_PREPARED_MAX = 64
+
+
 def _exchange(x, left, right, dim, group, padding_mode):
     if x.is_neg():  # a lazily negated view: its memory holds -x
         x = x.resolve_neg()
-    plan = _plan_out_of_place(x, left, right, dim, group, padding_mode)
-    out = empty_in_order(_padded_shape(x.shape, dim, left + right), dim_order(x), x.dtype)
-    plan.forward(x.data_ptr(), out.data_ptr())
-    return out, plan
+    call = _Copy.of(x, left, right, dim, group, padding_mode)
+    return call.forward(x), call
 
 
 class _HaloExchange(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, left, right, dim, group, padding_mode):
-        out, ctx.plan = _exchange(x, left, right, dim, group, padding_mode)
-        ctx.shape, ctx.dtype, ctx.order = x.shape, x.dtype, dim_order(x)
+        out, ctx.call = _exchange(x, left, right, dim, group, padding_mode)
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        order = ctx.order
-        grad_out = in_strides(grad_out, strides_in_order(grad_out.shape, order))  # the usual gradient already is
-        grad_x = empty_in_order(ctx.shape, order, ctx.dtype)
-        _inflight.settle(ctx.plan.comm)
-        ctx.plan.backward(grad_out.data_ptr(), grad_x.data_ptr())
-        return grad_x, None, None, None, None, None
+        return ctx.call.backward(grad_out), None, None, None, None, None
 
 
 def cp_halo_exchange(x: Tensor, left_size: int, right_size: int, dim: int, group=None,
@@ -234,15 +275,14 @@ def _recording(t: Tensor) -> bool:
 class _HaloExchangeDone(_HaloExchange):
     @staticmethod
     def forward(ctx, x, done):
-        # done = (out, plan): out travels outside the tensor arguments so that
+        # done = (out, call): out travels outside the tensor arguments so that
         # it becomes the node's output itself, not a view of an input.
-        out, ctx.plan = done
-        ctx.shape, ctx.dtype, ctx.order = x.shape, x.dtype, dim_order(x)
+        out, ctx.call = done
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        return _HaloExchange.backward(ctx, grad_out)[0], None
+        return ctx.call.backward(grad_out), None
 
 
 class _HaloExchangeInPlaceDone(_HaloExchangeInPlace):
@@ -282,15 +322,15 @@ def cp_halo_exchange_start(x: Tensor, left_size: int, right_size: int, dim: int,
         return _finished(x)
     if x.is_neg():
         x = x.resolve_neg()
-    plan = _plan_out_of_place(x, left, right, dim, group, padding_mode)
-    out = empty_in_order(_padded_shape(x.shape, dim, left + right), dim_order(x), x.dtype)
-    pending = _inflight.start(plan, _inflight.FORWARD, x, out)
+    call = _Copy.of(x, left, right, dim, group, padding_mode)
+    out = torch.empty_strided(call.out_shape, call.out_strides, dtype=x.dtype)
+    pending = _inflight.start(call.plan, _inflight.FORWARD, x, out)
     if not _recording(x):
         return Exchange(pending, lambda: out)
 
     def result():
         with torch.enable_grad():
-            return _HaloExchangeDone.apply(x, (out, plan))
+            return _HaloExchangeDone.apply(x, (out, call))
 
     return Exchange(pending, result)
 

@@ -118,11 +118,11 @@ def scenario_staged_nn():
     want = layer(x)
     want_gx, want_gw = torch.autograd.grad(want.sum(), (x, layer.weight))
     comm = halocp.communicator()
-    before = len(comm.__dict__.get("_halocp_cuda_layouts", ()))
+    before = len(comm.cuda_layouts)
     with _cuda.stage_cpu():
         got = layer(x)
         got_gx, got_gw = torch.autograd.grad(got.sum(), (x, layer.weight))
-    expect(len(comm.__dict__.get("_halocp_cuda_layouts", ())) > before, "CausalConv3d under stage_cpu() did not go through the staged path")
+    expect(len(comm.cuda_layouts) > before, "CausalConv3d under stage_cpu() did not go through the staged path")
     for g, w, what in ((got, want, "output"), (got_gx, want_gx, "grad_x"), (got_gw, want_gw, "grad_weight")):
         expect(torch.allclose(g, w, rtol=1e-5, atol=1e-5), f"staged CausalConv3d {what} differs from the CPU path")
     e = raises(lambda: layer(torch.empty(2, 3, 4, 4, 5, device="meta")), halocp.ERR_INVALID_ARGUMENT,
