@@ -47,8 +47,8 @@ class Plan:
     def __init__(self, comm: "Communicator", handle: int):
         self.comm = comm
         self.handle = handle
-        L = _lib.lib()
-        self._forward, self._backward = L.halo_plan_forward, L.halo_plan_backward
+        self._forward = _lib.plan_call(_lib.Call.FORWARD)[0]
+        self._backward = _lib.plan_call(_lib.Call.BACKWARD)[0]
 
     def forward(self, x_ptr: int, out_ptr: int) -> None:
         with self.comm.lock:

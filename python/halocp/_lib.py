@@ -7,6 +7,7 @@ of the package calls the small helpers at the bottom.
 from __future__ import annotations
 
 import ctypes
+import enum
 import os
 import threading
 from pathlib import Path
@@ -67,6 +68,27 @@ PLAN_PARAM_MEMORY_TYPE = 1 << 10
 
 # halo_direction_t
 DIR_FORWARD, DIR_BACKWARD = 0, 1
+
+
+class Call(enum.IntEnum):
+    """What a plan call does; plan_call gives its C function."""
+
+    FORWARD = 0
+    BACKWARD = 1
+    HALOS_FORWARD = 2
+    HALOS_BACKWARD = 3
+
+    @property
+    def direction(self) -> int:
+        return DIR_BACKWARD if self in (Call.BACKWARD, Call.HALOS_BACKWARD) else DIR_FORWARD
+
+
+_CALL_NAMES = {
+    Call.FORWARD: "halo_plan_forward",
+    Call.BACKWARD: "halo_plan_backward",
+    Call.HALOS_FORWARD: "halo_plan_halos_forward",
+    Call.HALOS_BACKWARD: "halo_plan_halos_backward",
+}
 
 MAX_DIMS = 8
 
@@ -267,6 +289,12 @@ def error(rc: int, what: str) -> HaloError:
     if detail.startswith(reason):  # e.g. "ranks disagree on plan 3 ...": say it once
         return HaloError(rc, f"{what}: {detail}")
     return HaloError(rc, f"{what}: {reason}: {detail}" if detail else f"{what}: {reason}")
+
+
+def plan_call(call: Call, start: bool = False):
+    """(the C function, its name) of a plan call, blocking or its _start form."""
+    name = _CALL_NAMES[call] + ("_start" if start else "")
+    return getattr(lib(), name), name
 
 
 def check(rc: int, what: str) -> None:
