@@ -38,8 +38,12 @@ def _check(x, left, right, dim, what: str):
 
 
 _padding = _lib.padding_code
-# Evaluated while torch.compile traces, its result a constant of the graph.
-_token = torch.compiler.assume_constant_result(group_token)
+# torch.compile's hooks (PyTorch >= 2.4; an older torch compiles nothing and
+# keeps the autograd Functions). The token is evaluated while torch.compile
+# traces, its result a constant of the graph.
+_compiler = getattr(torch, "compiler", None)
+is_compiling = getattr(_compiler, "is_compiling", lambda: False)
+_token = getattr(_compiler, "assume_constant_result", lambda f: f)(group_token)
 
 
 def _params(dtype, shape, dim, left, right, x_strides, out_strides, grad_strides, padding_mode="zeros"):
@@ -169,7 +173,7 @@ def cp_halo_exchange(x: Tensor, left_size: int, right_size: int, dim: int, group
     """
     left, right, dim = _check(x, left_size, right_size, dim, "x")
     _padding(padding_mode)
-    if torch.compiler.is_compiling():
+    if is_compiling():
         if left == 0 and right == 0:
             return x
         return torch.ops.halocp.exchange(x, left, right, dim, _token(group), padding_mode)
@@ -243,7 +247,7 @@ def halo_exchange_(padded: Tensor, left_size: int, right_size: int, dim: int, gr
     """
     left, right, dim = _check(padded, left_size, right_size, dim, "padded")
     _padding(padding_mode)
-    if torch.compiler.is_compiling():
+    if is_compiling():
         # The out-of-place op on the interior, copied back (see _ops.py).
         if left == 0 and right == 0:
             return padded
@@ -458,7 +462,7 @@ def halos(x: Tensor, left_size: int, right_size: int, dim: int, group=None,
     """
     left, right, dim = _check(x, left_size, right_size, dim, "x")
     _padding(padding_mode)
-    if torch.compiler.is_compiling():
+    if is_compiling():
         return torch.ops.halocp.halos(x, left, right, dim, _token(group), padding_mode)
     if _cuda.wanted(x):
         return _cuda.halos(x, left, right, dim, group, padding_mode)

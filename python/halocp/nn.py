@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from . import _cuda, _inflight, _lib
 from ._lib import HaloError
 from ._layout import contiguous_strides as _contiguous_strides, dim_order, empty_in_order, in_strides, strides_in_order
-from .exchange import _empty_halos, cp_halo_exchange, halos, plan_halos
+from .exchange import _empty_halos, cp_halo_exchange, halos, is_compiling, plan_halos
 from .tiles import TileGrid
 
 __all__ = ["CausalConv3d", "CenteredConv3d", "TiledConv2d", "TiledConv3d"]
@@ -412,7 +412,7 @@ class _ContextParallelConv3d(torch.nn.Conv3d):
             return self.forward(x.unsqueeze(0)).squeeze(0)
         if self.grid is not None:
             return _sharded_conv(self, x, self._pads(), _tiled_dims(self.grid))
-        if torch.compiler.is_compiling() and self.stride[0] == 1 and self.padding_mode == "zeros":
+        if is_compiling() and self.stride[0] == 1 and self.padding_mode == "zeros":
             # What torch.compile traces: the exchange's custom op, then torch's
             # convolution of the padded shard (conv3d with no temporal padding).
             x = cp_halo_exchange(x, self.left, self.right, 2, self.group)
