@@ -16,6 +16,8 @@ Python over ``libhalo.so`` through ctypes; the library is found through
 checkout's ``build/lib``, or on the dynamic loader's path.
 """
 
+import torch
+
 from ._comm import Communicator, clear_plans, communicator, destroy_communicator
 from ._lib import (
     ERR_COMM_FAILED,
@@ -37,6 +39,9 @@ from ._inflight import Exchange, abort
 from .exchange import cp_halo_exchange, cp_halo_exchange_start, halo_exchange_, halo_exchange_start_, halos, halos_start
 from .tiles import TileGrid, tile_halo_exchange
 from . import nn
+
+if hasattr(torch.library, "custom_op"):  # PyTorch >= 2.4: the ops torch.compile traces
+    from . import _ops
 
 # include/halo.h's version (the source); pyproject.toml reads this line and
 # tests/python/test_abi.py checks it against the header.

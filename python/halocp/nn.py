@@ -16,10 +16,10 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from . import _inflight, _lib
+from . import _cuda, _inflight, _lib
 from ._lib import HaloError
-from .exchange import (_contiguous_strides, _empty_halos, cp_halo_exchange, dim_order, empty_in_order, halos,
-                       in_strides, plan_halos, strides_in_order)
+from ._layout import contiguous_strides as _contiguous_strides, dim_order, empty_in_order, in_strides, strides_in_order
+from .exchange import _empty_halos, cp_halo_exchange, halos, is_compiling, plan_halos
 from .tiles import TileGrid
 
 __all__ = ["CausalConv3d", "CenteredConv3d", "TiledConv2d", "TiledConv3d"]
@@ -412,7 +412,15 @@ class _ContextParallelConv3d(torch.nn.Conv3d):
             return self.forward(x.unsqueeze(0)).squeeze(0)
         if self.grid is not None:
             return _sharded_conv(self, x, self._pads(), _tiled_dims(self.grid))
-        if self.stride[0] != 1 or self.padding_mode != "zeros":
+        if is_compiling() and self.stride[0] == 1 and self.padding_mode == "zeros":
+            # What torch.compile traces: the exchange's custom op, then torch's
+            # convolution of the padded shard (conv3d with no temporal padding).
+            x = cp_halo_exchange(x, self.left, self.right, 2, self.group)
+            return F.conv3d(x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
+        # The fused path runs host plans on CPU memory: any other tensor (or a
+        # CPU one routed as a GPU's) takes the general path, whose exchanges
+        # dispatch on the device (a CUDA path, or a clear refusal).
+        if self.stride[0] != 1 or self.padding_mode != "zeros" or x.device.type != "cpu" or _cuda.wanted(x):
             return _sharded_conv(self, x, self._pads(), {0: self.group})
         if not halo and x.shape[-3]:  # a kernel one frame long needs no context
             return F.conv3d(x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
