@@ -38,7 +38,6 @@ past 1e-4 of the largest magnitude).
 from __future__ import annotations
 
 import argparse
-import ctypes
 import os
 import statistics
 import sys
@@ -268,20 +267,7 @@ def measure_memory(torch, TorchDispatchMode, tree_map, run) -> dict:
 
     with Largest() as mode, torch.autograd.graph.saved_tensors_hooks(pack, lambda s: s):
         run()
-    ctypes.CDLL(None).malloc_trim(0)
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")  # reset VmHWM
-    before = _status("VmRSS")
-    run()
-    return dict(peak=_status("VmHWM") - before, largest=mode.largest, saved=sum(saved.values()))
-
-
-def _status(key) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(key + ":"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError(f"no {key} in /proc/self/status")
+    return dict(peak=ranks.peak_rss_growth(run), largest=mode.largest, saved=sum(saved.values()))
 
 
 def report(everyone, args, ok):
@@ -319,8 +305,9 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=1, help="torch threads per rank (default 1: ranks share the CPUs)")
     ap.add_argument("--deadline", type=float, default=1800, help="seconds before the launcher stops the ranks")
     args = ap.parse_args()
-    if args.frames < 2 or args.frames % 2 or args.size % 2:
-        ap.error("--frames and --size are even, --frames at least 2 (the seed's halos are one hop)")
+    if args.frames < 4 or args.frames % 2 or args.size % 2:
+        ap.error("--frames and --size are even, --frames at least 4 (the seed's halos are one hop: the latent's "
+                 "frames / 2 a rank must hold the causal convs' 2-frame halo)")
     if "RANK" in os.environ:
         return run_rank(args)
     env = {"GLIBC_TUNABLES": ":".join(filter(None, [os.environ.get("GLIBC_TUNABLES"), KEEP_FREED_MEMORY]))}

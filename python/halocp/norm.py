@@ -58,7 +58,8 @@ def _global_statistics(x, groups, group):
     count = xg.shape[2]
     if count:
         var, mean = torch.var_mean(xg.to(acc), 2, correction=0)
-        mine = torch.stack([torch.full_like(mean, count), mean, var * count]).to(torch.float64)
+        var, mean = var.double(), mean.double()  # and the count exact past float32's 2^24
+        mine = torch.stack([torch.full_like(mean, count), mean, var * count])
     else:  # an empty shard: no samples, nothing to add
         mine = torch.zeros(3, n_batch, groups, dtype=torch.float64, device=x.device)
     world, _ = world_and_rank(group)

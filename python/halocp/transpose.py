@@ -71,9 +71,12 @@ class ConvTranspose3d(torch.nn.ConvTranspose3d):
         # The frames a rank's local output has before and after its own.
         self.left, self.right = p, max(d * (k - 1) + 1 - s - p, 0)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, output_size=None) -> torch.Tensor:
         if not distributed(self.group):
-            return super().forward(x)
+            return super().forward(x, output_size)
+        if output_size is not None:
+            # It would pick output_padding from the whole output's size, which no rank holds.
+            raise ValueError("halocp.nn.ConvTranspose3d: output_size is for one process; give output_padding")
         if not isinstance(x, torch.Tensor) or x.dim() not in (4, 5) or x.shape[-4] != self.in_channels:
             what = f"shape {tuple(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__
             raise HaloError(_lib.ERR_INVALID_ARGUMENT,
