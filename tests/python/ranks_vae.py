@@ -57,10 +57,19 @@ def close(got, want, tol, what):
 
 def scenario_halo_sum():
     """cp_halo_sum is the exchange's backward, bit for bit (the oracle of
-    ranks.py), multi-hop and with empty shards; its backward is the exchange."""
+    ranks.py), multi-hop and with empty shards; its backward is the exchange.
+    Then the path of CUDA tensors, with CPU tensors through the staging code."""
+    check_halo_sum(((1, 2), (0, 3), (2, 0), (4, 1)))
+    with halocp._cuda.stage_cpu():
+        check_halo_sum(((1, 2),))
+    ranks.raises(lambda: halocp.cp_halo_sum(torch.zeros(2, 3, 2, 4), 2, 1, 2), halocp.ERR_INVALID_ARGUMENT,
+                 "a y shorter than its halos")
+
+
+def check_halo_sum(halos):
     gen = torch.Generator().manual_seed(7)
     for lengths in splits():
-        for left, right in ((1, 2), (0, 3), (2, 0), (4, 1)):
+        for left, right in halos:
             ys = [random_values((2, 3, n + left + right, 4), torch.float32, gen) for n in lengths]
             y = ys[ranks.RANK].clone().requires_grad_()
             out = halocp.cp_halo_sum(y, left, right, 2)
@@ -69,8 +78,6 @@ def scenario_halo_sum():
             gs = [random_values((2, 3, n, 4), torch.float32, gen) for n in lengths]
             out.backward(gs[ranks.RANK])
             expect_bits(y.grad, oracle_forward(gs, ranks.RANK, left, right, 2), what + ": backward")
-    ranks.raises(lambda: halocp.cp_halo_sum(torch.zeros(2, 3, 2, 4), 2, 1, 2), halocp.ERR_INVALID_ARGUMENT,
-                 "a y shorter than its halos")
 
 
 # --------------------------------------------------------------- GroupNorm
@@ -132,6 +139,18 @@ def scenario_groupnorm():
             if ranks.WORLD > 1 and xg.numel() > x.numel() and x.numel():
                 expect(seen.largest <= x.numel(), f"{what}: an op allocated {seen.largest} elements, more than "
                                                   f"the shard's {x.numel()} (the whole tensor has {xg.numel()})")
+    # No affine parameters, a channels_last_3d shard.
+    lengths = splits()[0]
+    layer, full = halocp.nn.GroupNorm(2, 6, affine=False), torch.nn.GroupNorm(2, 6, affine=False)
+    xg = torch.randn(2, 6, sum(lengths), 3, 4, requires_grad=True)
+    gg = torch.randn(2, 6, sum(lengths), 3, 4)
+    yg = full(xg)
+    yg.backward(gg)
+    x = shard(xg.detach(), lengths).contiguous(memory_format=torch.channels_last_3d).requires_grad_()
+    y = layer(x)
+    y.backward(shard(gg, lengths))
+    close(y, shard(yg.detach(), lengths), 2e-5, "GroupNorm without affine, channels_last_3d: output")
+    close(x.grad, shard(xg.grad, lengths), 2e-5, "GroupNorm without affine, channels_last_3d: input grad")
     # The statistics every rank uses: the same bits everywhere.
     from halocp.norm import _global_statistics
     x = torch.randn(2, 6, splits()[0][ranks.RANK], 3, 4) * 3 + 1
