@@ -85,13 +85,16 @@ def check_halo_sum(halos):
 
 class _LargestAllocation(TorchDispatchMode):
     """The most elements any op's output had (every allocation torch makes
-    for a tensor is some op's output)."""
+    for a tensor is some op's output), and the collectives run."""
 
     def __init__(self):
         super().__init__()
         self.largest = 0
+        self.collectives = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.namespace == "c10d":
+            self.collectives.append(func.__name__.split(".")[0])
         out = func(*args, **(kwargs or {}))
         for t in out if isinstance(out, (tuple, list)) else (out,):
             if isinstance(t, torch.Tensor):
@@ -129,6 +132,7 @@ def scenario_groupnorm():
             x = shard(xg, lengths).clone().requires_grad_()
             with _LargestAllocation() as seen:
                 y = layer(x)
+                forward_collectives = list(seen.collectives)
                 y.backward(shard(gg, lengths))
             what = f"GroupNorm {dtype} mean {offset} shards {lengths}"
             expect(y.dtype == dtype and x.grad.dtype == dtype, f"{what}: dtypes {y.dtype}, {x.grad.dtype}")
@@ -136,6 +140,10 @@ def scenario_groupnorm():
             close(x.grad, shard(xg64.grad, lengths), tol, what + ": input grad")
             close(summed(layer.weight.grad.double()), full.weight.grad, tol, what + ": weight grad")
             close(summed(layer.bias.grad.double()), full.bias.grad, tol, what + ": bias grad")
+            if ranks.WORLD > 1:
+                backward_collectives = seen.collectives[len(forward_collectives):]
+                expect(forward_collectives == ["allgather_"] and backward_collectives == ["allreduce_"],
+                       f"{what}: collectives {forward_collectives} forward, {backward_collectives} backward")
             if ranks.WORLD > 1 and xg.numel() > x.numel() and x.numel():
                 expect(seen.largest <= x.numel(), f"{what}: an op allocated {seen.largest} elements, more than "
                                                   f"the shard's {x.numel()} (the whole tensor has {xg.numel()})")
