@@ -107,16 +107,17 @@ def _sharded_conv_transpose(layer, x):
     end = out_len if rank == world - 1 else min((a + n) * s, out_len)
     left, right = layer.left, layer.right
 
-    spatial = dict(stride=(s,) + layer.stride[1:], padding=(0,) + layer.padding[1:],
-                   output_padding=(0,) + layer.output_padding[1:], groups=layer.groups, dilation=layer.dilation)
+    # No temporal padding or output padding: the crop at the ends is the exchange's.
+    local = dict(stride=layer.stride, padding=(0,) + layer.padding[1:],
+                 output_padding=(0,) + layer.output_padding[1:], groups=layer.groups, dilation=layer.dilation)
     if n:
-        z = F.conv_transpose3d(x, layer.weight, None, **spatial)
+        z = F.conv_transpose3d(x, layer.weight, None, **local)
     else:
         # An empty shard contributes nothing, but its part of the graph must
         # exist (its backward runs its part of the exchange): one zero frame.
-        z = F.conv_transpose3d(F.pad(x, (0, 0, 0, 0, 0, 1)), layer.weight, None, **spatial)
-    # z's first frame is output frame a*s - p; the exchange wants the frames
-    # [start - p, end + right): crop or pad with zeros (F.pad does both).
+        z = F.conv_transpose3d(F.pad(x, (0, 0, 0, 0, 0, 1)), layer.weight, None, **local)
+    # z's first frame is output frame a*s - p; the summing exchange wants
+    # the frames [start - p, end + right), cropped or padded with zeros.
     y = cp_halo_sum(_place(z, a * s - start, left + (end - start) + right), left, right, 2, layer.group)
     if layer.bias is not None:
         y = y + layer.bias.view(1, -1, 1, 1, 1)
