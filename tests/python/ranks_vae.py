@@ -224,6 +224,34 @@ def scenario_transpose():
         expect(f"rank {ranks.WORLD - 1}: kernel 3, stride 3" in msg, f"the message: {msg}")
 
 
+def scenario_subgroups():
+    """DP x CP: at W = 4, groups [0, 1] and [2, 3] each run GroupNorm and
+    ConvTranspose3d on their own clip, at once (shard lengths by group rank)."""
+    if ranks.WORLD != 4:
+        return
+    pairs = [dist.new_group([0, 1]), dist.new_group([2, 3])]  # collective: every rank makes both
+    pair, me = ranks.RANK // 2, ranks.RANK % 2
+    group = pairs[pair]
+    lengths = [[2, 5], [4, 1]][pair]
+    a, n = sum(lengths[:me]), lengths[me]
+    torch.manual_seed(500 + pair)  # each pair its own weights and clip
+    norm, conv = halocp.nn.GroupNorm(2, 4, group=group), halocp.nn.ConvTranspose3d(4, 3, 4, stride=2, padding=1,
+                                                                                     group=group)
+    full_norm, full_conv = torch.nn.GroupNorm(2, 4), torch.nn.ConvTranspose3d(4, 3, 4, stride=2, padding=1)
+    full_norm.load_state_dict(norm.state_dict())
+    full_conv.load_state_dict(conv.state_dict())
+    xg = torch.randn(1, 4, sum(lengths), 3, 3, requires_grad=True)
+    yg = full_conv(full_norm(xg))
+    gg = torch.randn_like(yg)
+    yg.backward(gg)
+    x = xg.detach().narrow(2, a, n).clone().requires_grad_()
+    y = conv(norm(x))
+    y.backward(gg.narrow(2, 2 * a, 2 * n))
+    what = f"group {pair} rank {me}"
+    close(y, yg.detach().narrow(2, 2 * a, 2 * n), 1e-5, what + ": output")
+    close(x.grad, xg.grad.narrow(2, a, n), 1e-5, what + ": input grad")
+
+
 # ---------------------------------------------------------- the VAE blocks
 
 
