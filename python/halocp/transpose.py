@@ -120,7 +120,8 @@ def _sharded_conv_transpose(layer, x):
     # the frames [start - p, end + right), cropped or padded with zeros.
     y = cp_halo_sum(_place(z, a * s - start, left + (end - start) + right), left, right, 2, layer.group)
     if layer.bias is not None:
-        y = y + layer.bias.view(1, -1, 1, 1, 1)
+        # In place: the sum's output is new, and no backward needs it.
+        y = y.add_(layer.bias.view(1, -1, 1, 1, 1))
     return y
 
 

@@ -159,12 +159,22 @@ def scenario_groupnorm():
     y.backward(shard(gg, lengths))
     close(y, shard(yg.detach(), lengths), 2e-5, "GroupNorm without affine, channels_last_3d: output")
     close(x.grad, shard(xg.grad, lengths), 2e-5, "GroupNorm without affine, channels_last_3d: input grad")
-    # The statistics every rank uses: the same bits everywhere.
+    # The statistics every rank uses: the same bits everywhere. And the same
+    # bits from run to run, forward and backward.
     from halocp.norm import _global_statistics
     x = torch.randn(2, 6, splits()[0][ranks.RANK], 3, 4) * 3 + 1
     stats = torch.stack(_global_statistics(x, 3, None))
     for other in ranks.gather(stats):
         expect_bits(other, stats, "the statistics of another rank")
+    layer = halocp.nn.GroupNorm(3, 6)
+    runs = []
+    for _ in range(2):
+        xr = x.clone().requires_grad_()
+        y = layer(xr)
+        y.backward(torch.ones_like(y) + torch.arange(y.shape[2]).view(1, 1, -1, 1, 1))
+        runs.append((y.detach(), xr.grad))
+    expect_bits(runs[1][0], runs[0][0], "GroupNorm's output, run twice")
+    expect_bits(runs[1][1], runs[0][1], "GroupNorm's input gradient, run twice")
     layer = halocp.nn.GroupNorm(3, 6)
     ranks.raises(lambda: layer(torch.zeros(2, 4, 3, 3)), halocp.ERR_INVALID_ARGUMENT, "a GroupNorm of the wrong C")
 
