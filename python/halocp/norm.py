@@ -2,8 +2,7 @@
 whole tensor without gathering it.
 
 Forward: each rank reduces its shard to (count, mean, M2) per (sample,
-group) -- M2 the sum of squared deviations from the shard's own mean, from
-torch.var_mean -- and one all_gather of that small buffer gives every rank
+group) -- M2 the sum of squared deviations from the shard's own mean -- and one all_gather of that small buffer gives every rank
 every rank's triple, which each combines in rank order with Chan's pairwise
 formula. Not sum and sum of squares: E[x^2] - E[x]^2 loses the variance to
 cancellation when the mean is large beside the spread (in float32, all of it
@@ -57,9 +56,13 @@ def _global_statistics(x, groups, group):
     xg = x.reshape(n_batch, groups, -1)  # a view unless x is not contiguous (a local copy then)
     count = xg.shape[2]
     if count:
-        var, mean = torch.var_mean(xg.to(acc), 2, correction=0)
-        var, mean = var.double(), mean.double()  # and the count exact past float32's 2^24
-        mine = torch.stack([torch.full_like(mean, count), mean, var * count])
+        # Two passes, the second over deviations from the shard's mean (torch's
+        # var_mean is as exact but, on CPU, ten times slower here).
+        xg = xg.to(acc)
+        mean = xg.mean(2, keepdim=True)
+        m2 = (xg - mean).square_().sum(2)
+        mean = mean.squeeze(2).double()  # in float64 from here: and the count exact past 2^24
+        mine = torch.stack([torch.full_like(mean, count), mean, m2.double()])
     else:  # an empty shard: no samples, nothing to add
         mine = torch.zeros(3, n_batch, groups, dtype=torch.float64, device=x.device)
     world, _ = world_and_rank(group)
@@ -108,7 +111,7 @@ class _GroupNorm(torch.autograd.Function):
         groups = rstd.shape[1]
         xf, gf = x.reshape(n_batch, channels, -1).to(acc), grad.reshape(n_batch, channels, -1).to(acc)
         db = gf.sum(2)  # per (sample, channel): sum dy and sum dy * x, local
-        ds = (gf * xf).sum(2)
+        ds = torch.einsum("ncm,ncm->nc", gf, xf)  # dot products: no temporary, 2x faster than (gf * xf).sum(2)
         mean_c, rstd_c = _per_channel(mean, channels), _per_channel(rstd, channels)
         dxhat_xhat_c = (ds - mean_c * db) * rstd_c  # sum dy * xhat
         grad_x = grad_w = grad_b = None
