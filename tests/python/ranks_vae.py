@@ -209,7 +209,8 @@ def scenario_transpose():
     tensor: outputs, input gradients, weight and bias gradients summed."""
     for lengths in splits():
         for i, kw in enumerate(TRANSPOSE_CASES):
-            for dtype, tol in ((torch.float64, 1e-12),) + (((torch.float32, 1e-5),) if i < 2 else ()):
+            dtypes = ((torch.float64, 1e-12),) + (((torch.float32, 1e-5), (torch.bfloat16, 3e-2)) if i < 2 else ())
+            for dtype, tol in dtypes:
                 torch.manual_seed(300 + i)
                 layer = halocp.nn.ConvTranspose3d(4, 6, dtype=dtype, **kw)
                 full = torch.nn.ConvTranspose3d(4, 6, dtype=dtype, **kw)
