@@ -329,7 +329,9 @@ def _sharded_conv(layer, x, pads, sharded):
     if mode == "zeros" and all(l == r for l, r in local):
         conv_padding = [l for l, _ in local]
     elif any(l or r for l, r in local):
-        x = F.pad(x, [p for l, r in reversed(local) for p in (l, r)], "constant" if mode == "zeros" else mode)
+        # torch pads an empty tensor only with a constant (and an empty shard has no values to pad with).
+        constant = mode == "zeros" or x.numel() == 0
+        x = F.pad(x, [p for l, r in reversed(local) for p in (l, r)], "constant" if constant else mode)
     windows, out_shape = [], [x.shape[0], layer.out_channels]
     for i in range(nsp):
         k, s, dil = layer.kernel_size[i], layer.stride[i], layer.dilation[i]
@@ -550,3 +552,10 @@ class TiledConv3d(_TiledConv, torch.nn.Conv3d):
         torch.nn.Conv3d.__init__(self, in_channels, out_channels, kernel_size, stride, padding, dilation, groups,
                                  bias, padding_mode, device, dtype)
         self._check_grid(grid, 3)
+
+
+# Layers that live in modules of their own (issue 21), exported here with the others.
+from .norm import GroupNorm  # noqa: E402
+from .transpose import ConvTranspose3d  # noqa: E402
+
+__all__ += ["GroupNorm", "ConvTranspose3d"]
