@@ -224,6 +224,11 @@ func haloGoCommDestroy(h C.uintptr_t, eb *C.char, el C.size_t) C.int {
 		}
 		registry.Unlock()
 		var first error
+		if e.proxy != nil {
+			// Its queued exchanges use the plans: they end first (abort
+			// the communicator to make them fail at once).
+			first = e.proxy.Close()
+		}
 		for _, pe := range e.plans {
 			if err := pe.p.Close(); err != nil && first == nil {
 				first = err
