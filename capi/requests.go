@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"unsafe"
 
+	"github.com/halo-cp/halo/comm"
 	"github.com/halo-cp/halo/cuda"
 	"github.com/halo-cp/halo/halo"
 )
@@ -50,8 +51,12 @@ func proxyOf(ce *commEntry) (*cuda.Proxy, error) {
 	if ce.proxy != nil {
 		return ce.proxy, nil
 	}
-	drv, err := cuda.Load()
+	kind := ce.c.Config().CUDADriver
+	drv, err := cuda.Load(kind)
 	if err != nil {
+		if kind != "cuda" {
+			err = fmt.Errorf("%s=%s: %v", comm.SettingCUDADriver.Env, kind, err)
+		}
 		return nil, invalid("a stream was given but %v", err)
 	}
 	if ce.proxy, err = cuda.NewProxy(drv); err != nil {

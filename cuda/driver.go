@@ -6,7 +6,6 @@ package cuda
 
 import (
 	"fmt"
-	"os"
 	"sync"
 	"sync/atomic"
 	"unsafe"
@@ -50,26 +49,24 @@ type Driver interface {
 	StreamWaitFlag(s Stream, f *Flag, v uint32) error
 }
 
-// DriverEnv names the setting that chooses the driver: unset for CUDA's
-// (libcuda.so.1), "host-fake" for the host emulation.
-const DriverEnv = "HALO_CUDA_DRIVER"
-
 var loaded struct {
 	once sync.Once
 	drv  Driver
 	err  error
 }
 
-// Load returns the driver of this process, loading it on first use.
-func Load() (Driver, error) {
+// Load returns the driver of this process, loading it on first use: kind
+// "cuda" (or "") is libcuda.so.1, "host-fake" the host emulation; the first
+// call's kind holds for the process (HALO_CUDA_DRIVER, comm.Settings).
+func Load(kind string) (Driver, error) {
 	loaded.once.Do(func() {
-		switch v := os.Getenv(DriverEnv); v {
+		switch kind {
 		case "", "cuda":
 			loaded.drv, loaded.err = loadLibcuda()
 		case "host-fake":
 			loaded.drv = NewHostFake()
 		default:
-			loaded.err = fmt.Errorf("%s=%q is neither cuda (the default) nor host-fake", DriverEnv, v)
+			loaded.err = fmt.Errorf("CUDA driver %q is neither cuda (the default) nor host-fake", kind)
 		}
 	})
 	return loaded.drv, loaded.err

@@ -133,8 +133,9 @@ enum {
  * HALO_BOOTSTRAP_TIMEOUT_MS), then defaults: rendezvous 127.0.0.1:29700
  * hosted by rank 0, no token (allowed on loopback only), job "halo",
  * timeout 120 s, bootstrap timeout 60 s. HALO_RENDEZVOUS_EXTERNAL,
- * HALO_JOB_ATTEMPT, HALO_DETECT_PEER_FAILURE, HALO_SPIN_POLLS and
- * HALO_TRANSFER have no field and come from the environment only.
+ * HALO_JOB_ATTEMPT, HALO_DETECT_PEER_FAILURE, HALO_SPIN_POLLS,
+ * HALO_TRANSFER and HALO_CUDA_DRIVER (halo_exchange_start) have no field
+ * and come from the environment only.
  * Durations are milliseconds (5000) or carry a unit (500ms, 2s); switches
  * are 1/true/yes/on or 0/false/no/off. A value that cannot be read fails
  * halo_comm_create with HALO_ERR_INVALID_ARGUMENT. README.md lists them all.
