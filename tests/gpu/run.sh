@@ -6,12 +6,12 @@
 # with the bundle tests/gpu/bundle.sh made where halo builds (GPU_BUNDLE names
 # another). Probes first (glibc, ptrace scope, GPU, CUDA IPC between two
 # processes, UCX's transports, halod info), then the checks: stream-ordered
-# halo_exchange_start (stream_check.py) and halocp's CUDA paths (check.py),
-# each with the wheel's UCX (CUDA transports: the direct path) and with
+# halo_exchange_start (stream_check.py), halocp's CUDA paths (check.py) and
+# the timings and layer checks (timing.py), each with the wheel's UCX (CUDA transports: the direct path) and with
 # Debian's (none: the staged path). Every step has a short timeout; each
 # writes one JSON line to $OUT/proof.jsonl as it ends (OUT defaults to
 # ./gpu-proof), and their figures go to $OUT/*.json. The exit status is 0
-# only when every step that ran passed. --cpu is the dry run on a machine
+# only when every step passed; steps past the 290 s budget are skipped, failed. --cpu is the dry run on a machine
 # with no GPU: the GPU probes are skipped and the checks run on CPU tensors
 # (the proxy with the host-fake driver, halocp's staging path).
 set -uo pipefail
@@ -32,12 +32,15 @@ log=$out/proof.jsonl
 : > "$log"
 py=${PYTHON:-python3}
 failed=0
+deadline=$((SECONDS + 290))
 
 # step NAME TIMEOUT_S CMD...: runs CMD, its output to $out/NAME.log, and
 # appends {"step", "ok", "rc", "seconds", "tail"} to proof.jsonl.
 step() {
-  local name=$1 limit=$2 t0 rc
+  local name=$1 limit=$2 t0 rc left=$((deadline - SECONDS))
   shift 2
+  if [ $left -lt 10 ]; then skip "$name" "out of time (the whole run keeps under 5 minutes)"; failed=1; return; fi
+  [ "$limit" -le $left ] || limit=$left
   t0=$(date +%s.%N)
   timeout --kill-after=5 "$limit" "$@" > "$out/$name.log" 2>&1
   rc=$?
@@ -117,8 +120,9 @@ iters=200; [ -n "$quick" ] && iters=50
 ucxs=(debian); [ $have_wheel = 1 ] && ucxs+=(cu13)
 for u in "${ucxs[@]}"; do
   if [ $u = cu13 ]; then wheel_ucx; else debian_ucx; fi
-  step "stream_$u" 90 "$py" "$here/stream_check.py" "${mode[@]}" --iters $iters --timeout 80 --json "$out/stream_$u.json"
-  step "halocp_$u" 150 "$py" "$here/check.py" "${mode[@]}" $quick --timeout 140 --json "$out/halocp_$u.json"
+  step "stream_$u" 60 "$py" "$here/stream_check.py" "${mode[@]}" --iters $iters --timeout 55 --json "$out/stream_$u.json"
+  step "halocp_$u" 90 "$py" "$here/check.py" "${mode[@]}" $quick --timeout 85 --json "$out/halocp_$u.json"
+  step "timing_$u" 90 "$py" "$here/timing.py" "${mode[@]}" $quick --timeout 85 --json "$out/timing_$u.json"
 done
 
 "$py" - "$log" "$out/proof.json" <<'PY'
