@@ -16,6 +16,7 @@ import (
 	"unsafe"
 
 	"github.com/halo-cp/halo/comm"
+	"github.com/halo-cp/halo/cuda"
 	"github.com/halo-cp/halo/halo"
 )
 
@@ -440,15 +441,20 @@ func haloGoPlanDestroy(h C.uintptr_t, eb *C.char, el C.size_t) C.int {
 	return exported(eb, el, func() error {
 		registry.Lock()
 		pe, ok := registry.plans[uintptr(h)]
+		var proxy *cuda.Proxy
 		if ok {
 			delete(registry.plans, uintptr(h))
 			if ce, ok := registry.comms[pe.comm]; ok {
 				delete(ce.plans, uintptr(h))
+				proxy = ce.proxy
 			}
 		}
 		registry.Unlock()
 		if !ok {
 			return badHandle(uintptr(h), "plan", kindPlan)
+		}
+		if proxy != nil {
+			proxy.Idle() // stream-ordered exchanges queued on the plan end first
 		}
 		return pe.p.Close()
 	})

@@ -427,7 +427,9 @@ halo_result_t halo_plan_halos_backward_multi_start(halo_plan_t plan, const void 
  * stream-ordered exchange is in flight the proxy thread uses the
  * communicator: the caller makes no other call on it or its plans but
  * halo_request_test, halo_request_wait and halo_request_free, and starts
- * of other stream-ordered exchanges, which the proxy runs in order.
+ * of other stream-ordered exchanges, which the proxy runs in order;
+ * halo_plan_destroy and halo_comm_destroy first wait for the exchanges
+ * queued (halo_comm_abort makes them fail at once).
  * Setting HALO_CUDA_DRIVER=host-fake before the first stream-ordered call
  * replaces the driver with a host emulation (streams are FIFO queues run by
  * host threads, any non-NULL value names one): the proxy path on host
