@@ -431,6 +431,12 @@ func haloGoCommAbort(h C.uintptr_t, eb *C.char, el C.size_t) C.int {
 		if err != nil {
 			return err
 		}
+		registry.Lock()
+		proxy := e.proxy
+		registry.Unlock()
+		if proxy != nil {
+			proxy.Abort() // before the communicator: no queued exchange begins on it
+		}
 		e.c.Abort()
 		return nil
 	})

@@ -34,6 +34,24 @@ func (r *requestEntry) end(err error) error {
 	return r.err
 }
 
+// classed gives an error of the proxy or the driver a halo class, so that
+// it maps to a result code: an abort is the communicator's failure, a CUDA
+// error the transport's.
+func classed(err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, cuda.ErrAborted):
+		return fmt.Errorf("%w: %v", halo.ErrFailed, err)
+	}
+	for _, c := range halo.Classes {
+		if errors.Is(err, c) {
+			return err
+		}
+	}
+	return fmt.Errorf("%w: CUDA: %v", halo.ErrTransport, err)
+}
+
 func lookupRequest(h uintptr) (*requestEntry, error) {
 	registry.Lock()
 	defer registry.Unlock()
@@ -167,9 +185,9 @@ func (r *requestEntry) test() (bool, error) {
 	if r.stream != nil {
 		ok, err := r.stream.Test()
 		if ok {
-			r.end(err)
+			return true, r.end(classed(err))
 		}
-		return ok, err
+		return false, nil
 	}
 	pe, err := lookupPlan(r.plan)
 	if err != nil {
@@ -193,13 +211,13 @@ func haloGoRequestWait(h C.uintptr_t, stream unsafe.Pointer, eb *C.char, el C.si
 			if r.stream == nil {
 				return invalid("stream %p: this request was started without a stream; wait for it with stream NULL", stream)
 			}
-			return r.stream.WaitOn(cuda.Stream(uintptr(stream)))
+			return classed(r.stream.WaitOn(cuda.Stream(uintptr(stream))))
 		}
 		if r.ended {
 			return r.err
 		}
 		if r.stream != nil {
-			return r.end(r.stream.Wait())
+			return r.end(classed(r.stream.Wait()))
 		}
 		pe, err := lookupPlan(r.plan)
 		if err != nil {

@@ -16,7 +16,7 @@ static struct {
     int (*ctx_set_current)(void *);
     int (*event_create)(void **, unsigned);
     int (*event_record)(void *, void *);
-    int (*event_synchronize)(void *);
+    int (*event_query)(void *);
     int (*event_destroy)(void *);
     int (*mem_host_alloc)(void **, size_t, unsigned);
     int (*mem_host_get_device_pointer)(uint64_t *, void *, unsigned);
@@ -48,7 +48,7 @@ int halo_cu_load(char *why, size_t n) {
     LOAD(ctx_set_current, "cuCtxSetCurrent", NULL)
     LOAD(event_create, "cuEventCreate", NULL)
     LOAD(event_record, "cuEventRecord", NULL)
-    LOAD(event_synchronize, "cuEventSynchronize", NULL)
+    LOAD(event_query, "cuEventQuery", NULL)
     LOAD(event_destroy, "cuEventDestroy_v2", "cuEventDestroy")
     LOAD(mem_host_alloc, "cuMemHostAlloc", NULL)
     LOAD(mem_host_get_device_pointer, "cuMemHostGetDevicePointer_v2", "cuMemHostGetDevicePointer")
@@ -76,7 +76,7 @@ int halo_cu_ctx_get_current(void **ctx) { return cu.ctx_get_current(ctx); }
 int halo_cu_ctx_set_current(void *ctx) { return cu.ctx_set_current(ctx); }
 int halo_cu_event_create(void **ev) { return cu.event_create(ev, CU_EVENT_DISABLE_TIMING); }
 int halo_cu_event_record(void *ev, void *stream) { return cu.event_record(ev, stream); }
-int halo_cu_event_synchronize(void *ev) { return cu.event_synchronize(ev); }
+int halo_cu_event_query(void *ev) { return cu.event_query(ev); }
 int halo_cu_event_destroy(void *ev) { return cu.event_destroy(ev); }
 
 // The flag is host memory mapped into the device: the proxy writes it with a

@@ -41,7 +41,8 @@ type Driver interface {
 	SetContext(ctx uintptr) error
 	EventCreate() (Event, error)
 	EventRecord(ev Event, s Stream) error
-	EventSynchronize(ev Event) error
+	// EventQuery reports whether the work before the event's record has run.
+	EventQuery(ev Event) (bool, error)
 	EventDestroy(ev Event) error
 	FlagAlloc() (*Flag, error)
 	FlagFree(f *Flag) error

@@ -14,7 +14,7 @@ int halo_cu_ctx_get_current(void **ctx);
 int halo_cu_ctx_set_current(void *ctx);
 int halo_cu_event_create(void **ev);
 int halo_cu_event_record(void *ev, void *stream);
-int halo_cu_event_synchronize(void *ev);
+int halo_cu_event_query(void *ev);
 int halo_cu_event_destroy(void *ev);
 int halo_cu_flag_alloc(void **host, uint64_t *dev);
 int halo_cu_flag_free(void *host);

@@ -88,13 +88,17 @@ func (h *HostFake) EventRecord(ev Event, s Stream) error {
 	return h.Enqueue(s, func() { close(c) })
 }
 
-func (h *HostFake) EventSynchronize(ev Event) error {
+func (h *HostFake) EventQuery(ev Event) (bool, error) {
 	c, err := h.event(ev)
 	if err != nil {
-		return err
+		return false, err
 	}
-	<-c
-	return nil
+	select {
+	case <-c:
+		return true, nil
+	default:
+		return false, nil
+	}
 }
 
 func (h *HostFake) EventDestroy(ev Event) error {

@@ -59,8 +59,15 @@ func (libcuda) EventRecord(ev Event, s Stream) error {
 	return check(C.halo_cu_event_record(unsafe.Pointer(ev), unsafe.Pointer(s)), "cuEventRecord")
 }
 
-func (libcuda) EventSynchronize(ev Event) error {
-	return check(C.halo_cu_event_synchronize(unsafe.Pointer(ev)), "cuEventSynchronize")
+// cudaErrorNotReady's driver twin: the event's work has not run yet.
+const cudaErrorNotReady = 600
+
+func (libcuda) EventQuery(ev Event) (bool, error) {
+	rc := C.halo_cu_event_query(unsafe.Pointer(ev))
+	if rc == cudaErrorNotReady {
+		return false, nil
+	}
+	return rc == 0, check(rc, "cuEventQuery")
 }
 
 func (libcuda) EventDestroy(ev Event) error {

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"runtime"
 	"sync"
+	"sync/atomic"
+	"time"
 )
 
 // Proxy runs stream-ordered exchanges of one communicator, one at a time in
@@ -24,6 +26,9 @@ type Proxy struct {
 	jobs []*Request
 	busy bool // a job is running
 	stop bool
+	// aborted: jobs not yet begun end at once with ErrAborted (their
+	// flags written, so that no stream waits forever).
+	aborted atomic.Bool
 }
 
 // Request is one exchange started on a stream.
@@ -39,6 +44,9 @@ type Request struct {
 
 // ErrNotDone is returned by Free for a request whose exchange has not ended.
 var ErrNotDone = errors.New("the exchange has not ended")
+
+// ErrAborted ends the jobs that had not begun when the proxy was aborted.
+var ErrAborted = errors.New("the communicator was aborted before this stream-ordered exchange began")
 
 func NewProxy(drv Driver) (*Proxy, error) {
 	f, err := drv.FlagAlloc()
@@ -115,9 +123,12 @@ func (p *Proxy) loop() {
 			}
 		}
 		if err == nil {
-			err = p.drv.EventSynchronize(r.ev)
+			err = p.waitEvent(r.ev)
 		}
 		p.drv.EventDestroy(r.ev)
+		if err == nil && p.aborted.Load() {
+			err = ErrAborted
+		}
 		if err == nil {
 			err = r.run()
 		}
@@ -130,6 +141,35 @@ func (p *Proxy) loop() {
 		p.cond.Broadcast()
 		p.mu.Unlock()
 	}
+}
+
+// waitEvent waits for the work queued before the exchange, polling so that
+// Abort can end the wait: spinning first (the stream is usually there
+// already, or about to be), then sleeping in steps up to 50 µs.
+func (p *Proxy) waitEvent(ev Event) error {
+	nap := time.Microsecond
+	for spins := 0; ; spins++ {
+		if p.aborted.Load() {
+			return ErrAborted
+		}
+		done, err := p.drv.EventQuery(ev)
+		if err != nil || done {
+			return err
+		}
+		if spins < 1000 {
+			runtime.Gosched()
+			continue
+		}
+		time.Sleep(nap)
+		nap = min(2*nap, 50*time.Microsecond)
+	}
+}
+
+// Abort ends the jobs queued and not yet begun with ErrAborted, now and
+// from now on; the one running ends when its exchange does (the
+// communicator's abort ends that). Safe from any thread.
+func (p *Proxy) Abort() {
+	p.aborted.Store(true)
 }
 
 // Idle waits until no job is queued or running.

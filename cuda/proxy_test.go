@@ -91,3 +91,33 @@ func TestLoadWithoutDriverNamesIt(t *testing.T) {
 		t.Errorf("error %q does not name %s", err, want)
 	}
 }
+
+// Abort ends a job whose stream never reaches it, and releases the streams
+// waiting for it; Close then returns.
+func TestProxyAbortEndsAStuckWait(t *testing.T) {
+	h := NewHostFake()
+	p, err := NewProxy(h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const s = Stream(3)
+	never := make(chan struct{})
+	h.Enqueue(s, func() { <-never })
+	r, err := p.Start(s, func() error { t.Error("the exchange ran"); return nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.WaitOn(Stream(4)); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(5 * time.Millisecond)
+	p.Abort()
+	if err := r.Wait(); !errors.Is(err, ErrAborted) {
+		t.Fatalf("Wait after Abort: %v, want ErrAborted", err)
+	}
+	h.Synchronize(Stream(4)) // released: the flag was written
+	if err := p.Close(); err != nil {
+		t.Fatal(err)
+	}
+	close(never)
+}

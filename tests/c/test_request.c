@@ -8,7 +8,10 @@
  *   test_request --stream   stream-ordered requests, run with
  *                           HALO_CUDA_DRIVER=host-fake: the proxy path on
  *                           host memory, waited for on the host and under
- *                           another stream than the start's */
+ *                           another stream than the start's
+ *   test_request --abort    (host-fake) rank 1 never starts: halo_comm_abort
+ *                           ends the stream-ordered exchange in flight and
+ *                           the one queued behind it, both COMM_FAILED */
 #include "launch.h"
 
 enum { T = 5, C = 3, B = 2, L = 2, R = 1 };
@@ -170,6 +173,42 @@ static void check_bad_input(halo_comm_t c) {
     HALO_OK(halo_plan_destroy(plan));
 }
 
+static int abort_main(int port) {
+    halo_comm_t c = make_comm(port, 20000);
+    int64_t shape[3] = {B, T, C};
+    halo_plan_params_t p = params(HALO_FLOAT32, 0, shape);
+    halo_plan_t plan;
+    HALO_OK(halo_plan_create(c, &p, &plan));
+    if (g_rank != 0) {
+        sleep(2); /* alive, never exchanging */
+        halo_comm_destroy(c);
+        return 0;
+    }
+    float x[NX], out[NOUT], gx[NX];
+    fill(x, HALO_FLOAT32, NX, 0);
+    void *f[2] = {x, out}, *b[2] = {out, gx};
+    halo_request_t a, q;
+    HALO_OK(halo_exchange_start(plan, HALO_DIR_FORWARD, f, 2, S1, &a));
+    HALO_OK(halo_exchange_start(plan, HALO_DIR_BACKWARD, b, 2, S2, &q));
+    usleep(200 * 1000);
+    int done = 1;
+    HALO_OK(halo_request_test(a, &done));
+    CHECK(done == 0, "the exchange ended with its peer silent");
+    double t0 = now_s();
+    HALO_OK(halo_comm_abort(c));
+    halo_result_t rc = halo_request_wait(a, NULL);
+    CHECK(rc == HALO_ERR_COMM_FAILED, "the exchange in flight after abort: %s: %s", halo_strerror(rc), halo_last_error());
+    rc = halo_request_wait(q, NULL);
+    CHECK(rc == HALO_ERR_COMM_FAILED, "the exchange queued after abort: %s: %s", halo_strerror(rc), halo_last_error());
+    CHECK(now_s() - t0 < 2, "abort took %.1f s to end the requests", now_s() - t0);
+    HALO_OK(halo_request_free(a));
+    HALO_OK(halo_request_free(q));
+    halo_plan_destroy(plan);
+    halo_comm_destroy(c);
+    printf("test_request --abort: rank 0: %d failures\n", g_failures);
+    return g_failures ? 1 : 0;
+}
+
 static int rank_main(int port) {
     halo_comm_t c = make_comm(port, 20000);
     check_forms(c, HALO_FLOAT32);
@@ -185,11 +224,12 @@ int main(int argc, char **argv) {
     int port = 0;
     setvbuf(stdout, NULL, _IOLBF, 0);
     g_stream = has_flag(argc, argv, "--stream");
+    int aborting = has_flag(argc, argv, "--abort");
     halo_comm_params_t unused = HALO_COMM_PARAMS_INITIALIZER;
     (void)unused;
-    if (rank_args(argc, argv, &port)) return rank_main(port);
-    char *extra[1] = {"--stream"};
-    int bad = launch(argv[0], 3, 90, NULL, g_stream, extra);
-    printf("test_request%s: %s\n", g_stream ? " --stream" : "", bad ? "FAILED" : "passed");
+    if (rank_args(argc, argv, &port)) return aborting ? abort_main(port) : rank_main(port);
+    char *extra[1] = {aborting ? "--abort" : "--stream"};
+    int bad = launch(argv[0], aborting ? 2 : 3, 90, NULL, g_stream || aborting, extra);
+    printf("test_request%s: %s\n", aborting ? " --abort" : g_stream ? " --stream" : "", bad ? "FAILED" : "passed");
     return bad ? 1 : 0;
 }
