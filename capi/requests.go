@@ -75,7 +75,7 @@ func proxyOf(ce *commEntry) (*cuda.Proxy, error) {
 		if kind != "cuda" {
 			err = fmt.Errorf("%s=%s: %v", comm.SettingCUDADriver.Env, kind, err)
 		}
-		return nil, invalid("a stream was given but %v", err)
+		return nil, invalid("rank %d: a stream was given but %v", ce.c.Config().Rank, err)
 	}
 	if ce.proxy, err = cuda.NewProxy(drv); err != nil {
 		return nil, fmt.Errorf("%w: the stream-ordered proxy (%s driver): %v", halo.ErrTransport, drv.Name(), err)
@@ -147,7 +147,7 @@ func haloGoExchangeStart(h C.uintptr_t, dir C.int, buffers *unsafe.Pointer, coun
 				return err
 			}
 			if r.stream, err = px.Start(cuda.Stream(uintptr(stream)), func() error { return run(true) }); err != nil {
-				return invalid("stream %p: %v", stream, err)
+				return invalid("rank %d: stream %p: %v", ce.c.Config().Rank, stream, err)
 			}
 		}
 		registry.Lock()
