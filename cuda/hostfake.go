@@ -115,10 +115,12 @@ func (h *HostFake) FlagAlloc() (*Flag, error) {
 
 func (h *HostFake) FlagFree(*Flag) error { return nil }
 
-// StreamWaitFlag holds the stream as cuStreamWaitValue32 does, polling.
+// StreamWaitFlag holds the stream as cuStreamWaitValue32 with
+// CU_STREAM_WAIT_VALUE_GEQ does, polling: until (int32_t)(*flag - v) >= 0,
+// a comparison that survives the counter's wrap-around.
 func (h *HostFake) StreamWaitFlag(s Stream, f *Flag, v uint32) error {
 	return h.Enqueue(s, func() {
-		for spins := 0; f.Get() < v; spins++ {
+		for spins := 0; int32(f.Get()-v) < 0; spins++ {
 			if spins < 100 {
 				runtime.Gosched()
 			} else {

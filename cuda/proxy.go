@@ -16,9 +16,11 @@ import (
 type Proxy struct {
 	drv Driver
 	// flag counts the exchanges ended: the n-th started is waited for as
-	// flag >= n. One word for all, so that no stream ever waits on memory
-	// that was freed (a request's own flag could not be freed while some
-	// stream told to wait on it had not reached the wait yet).
+	// flag >= n, compared as the driver does, (int32_t)(flag - n) >= 0, so
+	// that the count may wrap around. One word for all, so that no stream
+	// ever waits on memory that was freed (a request's own flag could not
+	// be freed while some stream told to wait on it had not reached the
+	// wait yet).
 	flag *Flag
 	seq  uint32 // exchanges started
 	mu   sync.Mutex

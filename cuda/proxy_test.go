@@ -121,3 +121,35 @@ func TestProxyAbortEndsAStuckWait(t *testing.T) {
 	}
 	close(never)
 }
+
+// The count of exchanges wraps around: a stream waiting for the first one
+// after the wrap still waits, then goes.
+func TestProxyFlagWrapsAround(t *testing.T) {
+	h := NewHostFake()
+	p, err := NewProxy(h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	p.seq = 1<<32 - 1 // the next exchange is number 0
+	p.flag.Set(1<<32 - 1)
+	gate := make(chan struct{})
+	r, err := p.Start(9, func() error { <-gate; return nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	var after atomic.Bool
+	h.Enqueue(9, func() { after.Store(true) })
+	time.Sleep(5 * time.Millisecond)
+	if after.Load() {
+		t.Fatal("the stream went on before the exchange numbered 0 ended")
+	}
+	close(gate)
+	if err := r.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	h.Synchronize(9)
+	if !after.Load() {
+		t.Fatal("the stream did not go on")
+	}
+}
