@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -134,6 +135,9 @@ func TestProxyFlagWrapsAround(t *testing.T) {
 	p.seq = 1<<32 - 1 // the next exchange is number 0
 	p.flag.Set(1<<32 - 1)
 	gate := make(chan struct{})
+	var once sync.Once
+	open := func() { once.Do(func() { close(gate) }) }
+	defer open() // before Close, which waits for the job, on any failure
 	r, err := p.Start(9, func() error { <-gate; return nil })
 	if err != nil {
 		t.Fatal(err)
@@ -144,7 +148,7 @@ func TestProxyFlagWrapsAround(t *testing.T) {
 	if after.Load() {
 		t.Fatal("the stream went on before the exchange numbered 0 ended")
 	}
-	close(gate)
+	open()
 	if err := r.Wait(); err != nil {
 		t.Fatal(err)
 	}
