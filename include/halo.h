@@ -430,10 +430,11 @@ halo_result_t halo_plan_halos_backward_multi_start(halo_plan_t plan, const void 
  * of other stream-ordered exchanges, which the proxy runs in order;
  * halo_plan_destroy and halo_comm_destroy first wait for the exchanges
  * queued (halo_comm_abort makes them fail at once).
- * Setting HALO_CUDA_DRIVER=host-fake before the first stream-ordered call
- * replaces the driver with a host emulation (streams are FIFO queues run by
- * host threads, any non-NULL value names one): the proxy path on host
- * memory, for tests where there is no GPU.
+ * HALO_CUDA_DRIVER=host-fake (read by halo_comm_create) replaces the
+ * driver with a host emulation (streams are FIFO queues run by host
+ * threads, any non-NULL value names one): the proxy path on host memory,
+ * for tests where there is no GPU. The first stream-ordered call loads the
+ * driver for the whole process.
  *
  * One exchange per plan and direction may be in flight (a second start is
  * HALO_ERR_INVALID_STATE). *request is written only on success; the request
