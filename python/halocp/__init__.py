@@ -47,7 +47,7 @@ if hasattr(torch.library, "custom_op"):  # PyTorch >= 2.4: the ops torch.compile
 
 # include/halo.h's version (the source); pyproject.toml reads this line and
 # tests/python/test_abi.py checks it against the header.
-__version__ = "0.3.0"
+__version__ = "0.4.0"
 
 __all__ = [
     "cp_halo_exchange",

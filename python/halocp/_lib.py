@@ -15,7 +15,7 @@ from pathlib import Path
 # The ABI this module was written against: include/halo.h 0.3. These values
 # and the structs below are copies of the header; tests/python/test_abi.py
 # checks them against it.
-ABI_MAJOR, ABI_MINOR = 0, 3
+ABI_MAJOR, ABI_MINOR = 0, 4
 
 # halo_result_t
 SUCCESS = 0
