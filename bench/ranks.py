@@ -4,6 +4,7 @@ loopback), rank 0's output shown, and every rank ended by its deadline."""
 
 from __future__ import annotations
 
+import ctypes
 import os
 import socket
 import subprocess
@@ -36,3 +37,23 @@ def launch(script: str, world: int, deadline: float, env_extra: dict | None = No
                 p.kill()
                 p.wait()
     return max(codes)
+
+
+def peak_rss_growth(run) -> int:
+    """Bytes the resident set grew by at its peak during run(): freed heap
+    returned to the system first, the high-water mark reset (Linux:
+    clear_refs 5), VmHWM read after."""
+    ctypes.CDLL(None).malloc_trim(0)
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    before = _status("VmRSS")
+    run()
+    return _status("VmHWM") - before
+
+
+def _status(key) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no {key} in /proc/self/status")

@@ -114,8 +114,38 @@ def run_rank(args) -> int:
             grad.narrow(dim, 0, right).add_(from_prev)
             return grad, None, None, None
 
+    class LocalWork(torch.autograd.Function):
+        """The floor: an exchange's local tensor work with no communication
+        (a padded output with the shard copied in and zero halos; a gradient
+        of x copied from the interior with two halo-sized slabs added), in
+        an autograd Function as halocp's own."""
+
+        @staticmethod
+        def forward(ctx, x, left, right, dim):
+            n = x.shape[dim]
+            shape = list(x.shape)
+            shape[dim] += left + right
+            out = x.new_empty(shape)
+            out.narrow(dim, left, n).copy_(x)
+            out.narrow(dim, 0, left).zero_()
+            out.narrow(dim, left + n, right).zero_()
+            ctx.left, ctx.right, ctx.dim = left, right, dim
+            return out
+
+        @staticmethod
+        def backward(ctx, g):
+            left, right, dim = ctx.left, ctx.right, ctx.dim
+            n = g.shape[dim] - left - right
+            grad = g.narrow(dim, left, n).clone()
+            grad.narrow(dim, n - left, left).add_(g.narrow(dim, 0, left))
+            grad.narrow(dim, 0, right).add_(g.narrow(dim, left + n, right))
+            return grad, None, None, None
+
     def baseline(x):
         return P2PHaloExchange.apply(x, args.left, args.right, 2)
+
+    def floor(x):
+        return LocalWork.apply(x, args.left, args.right, 2)
 
     def ours(x):
         return halocp.cp_halo_exchange(x, args.left, args.right, 2, group)
@@ -141,7 +171,7 @@ def run_rank(args) -> int:
         # Warm-up; its slower implementation's median sizes the blocks, the
         # same on every rank.
         warm = []
-        for fn in (baseline, ours):
+        for fn in (baseline, floor, ours):
             for _ in range(10):
                 t0 = time.perf_counter()
                 step(fn, x, g)
@@ -149,10 +179,10 @@ def run_rank(args) -> int:
         per = torch.tensor([statistics.median(warm)], dtype=torch.float64)
         dist.all_reduce(per, op=dist.ReduceOp.MAX)
         iters = args.iters if args.iters else max(10, min(2000, int(args.seconds / per.item())))
-        times = {"baseline": [], "halocp": []}
+        times = {"baseline": [], "floor": [], "halocp": []}
         dist.barrier()
         for _ in range(args.rounds):
-            for name, fn in (("baseline", baseline), ("halocp", ours)):
+            for name, fn in (("baseline", baseline), ("floor", floor), ("halocp", ours)):
                 dist.barrier()
                 for _ in range(iters):
                     t0 = time.perf_counter()
@@ -172,7 +202,9 @@ def run_rank(args) -> int:
             left=args.left, right=args.right, iters=iters * args.rounds,
             baseline_median_us=worst["baseline"][0] * 1e6, baseline_p99_us=worst["baseline"][1] * 1e6,
             halocp_median_us=worst["halocp"][0] * 1e6, halocp_p99_us=worst["halocp"][1] * 1e6,
+            floor_median_us=worst["floor"][0] * 1e6,
             speedup=worst["baseline"][0] / worst["halocp"][0],
+            over_floor=worst["halocp"][0] / worst["floor"][0],
             wrong=sum(e[1] for e in everyone),
         ))
     if rank == 0:
@@ -190,20 +222,24 @@ def print_table(rows, args, world):
           " size = one side's halo")
     print("# times: median and p99 over the iterations, slowest rank; algbw = halo bytes moved per rank / median"
           " time, GB = 1e9")
-    head = f"{'size':>8} {'count':>8} {'dtype':>7} {'iters':>6} {'p2p us':>9} {'p2p p99':>9} {'halo us':>9} {'halo p99':>9} {'algbw':>7} {'speedup':>8} {'#wrong':>6}"
+    print("# floor: the same local tensor work with no communication (LocalWork); /floor = halocp / floor")
+    head = (f"{'size':>8} {'count':>8} {'dtype':>7} {'iters':>6} {'p2p us':>9} {'p2p p99':>9} {'floor us':>9} "
+            f"{'halo us':>9} {'halo p99':>9} {'algbw':>7} {'speedup':>8} {'/floor':>7} {'#wrong':>6}")
     print("#" + head[1:])
-    print(f"#{'(B)':>7} {'(elems)':>8} {'':>7} {'':>6} {'':>9} {'':>9} {'':>9} {'':>9} {'(GB/s)':>7} {'(x)':>8} {'':>6}")
+    print(f"#{'(B)':>7} {'(elems)':>8} {'':>7} {'':>6} {'':>9} {'':>9} {'':>9} {'':>9} {'':>9} {'(GB/s)':>7} {'(x)':>8} "
+          f"{'(x)':>7} {'':>6}")
     for r in rows:
         moved = r["halo_bytes"] * (args.left + args.right) * 2  # forward and backward, each side one slice
         algbw = moved / (r["halocp_median_us"] * 1e-6) / 1e9
         print(f"{r['halo_bytes']:>8} {r['count']:>8} {r['dtype']:>7} {r['iters']:>6} {r['baseline_median_us']:>9.1f} "
-              f"{r['baseline_p99_us']:>9.1f} {r['halocp_median_us']:>9.1f} {r['halocp_p99_us']:>9.1f} {algbw:>7.2f} "
-              f"{r['speedup']:>8.1f} {r['wrong']:>6}")
+              f"{r['baseline_p99_us']:>9.1f} {r['floor_median_us']:>9.1f} {r['halocp_median_us']:>9.1f} "
+              f"{r['halocp_p99_us']:>9.1f} {algbw:>7.2f} {r['speedup']:>8.1f} {r['over_floor']:>7.2f} {r['wrong']:>6}")
     wrong = sum(r["wrong"] for r in rows)
     print(f"# Wrong values : {wrong} {'OK' if wrong == 0 else 'FAILED'} (halocp against the baseline: outputs and input gradients, bit for bit)")
     for r in rows:
         print(f"# {human(r['halo_bytes'])} halo: halocp {r['halocp_median_us']:.1f} us, the torch.distributed baseline "
-              f"{r['baseline_median_us']:.1f} us per forward + backward: {r['speedup']:.1f}x")
+              f"{r['baseline_median_us']:.1f} us per forward + backward: {r['speedup']:.1f}x; "
+              f"{r['over_floor']:.2f}x the no-communication floor ({r['floor_median_us']:.1f} us)")
 
 
 # ------------------------------------------------------------------ launcher

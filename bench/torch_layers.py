@@ -46,7 +46,6 @@ on this machine (gloo on 127.0.0.1) and rank 0 prints the table.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import os
 import resource
 import statistics
@@ -206,24 +205,7 @@ def measure_memory(torch, TorchDispatchMode, tree_map, run, padded_bytes) -> dic
         run()
     big = mode.big
 
-    # RSS: return freed heap memory to the system and reset the high-water
-    # mark (Linux: clear_refs 5), then read VmHWM after the step.
-    libc = ctypes.CDLL(None)
-    libc.malloc_trim(0)
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
-    before = _status("VmRSS")
-    run()
-    peak = _status("VmHWM") - before
-    return dict(peak=peak, big=big, saved=sum(saved.values()))
-
-
-def _status(key) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(key + ":"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError(f"no {key} in /proc/self/status")
+    return dict(peak=ranks.peak_rss_growth(run), big=big, saved=sum(saved.values()))
 
 
 def report(everyone, args, padded_bytes):

@@ -2,6 +2,7 @@ package main
 
 /*
 #include "halo.h"
+#include "calls.h"
 */
 import "C"
 
@@ -33,6 +34,12 @@ func abiMismatches() []string {
 		{"HALO_MEMORY_CUDA", C.HALO_MEMORY_CUDA, int64(halo.MemoryCUDA)},
 		{"HALO_BOOTSTRAP_RENDEZVOUS", C.HALO_BOOTSTRAP_RENDEZVOUS, int64(comm.BootstrapRendezvous)},
 		{"HALO_BOOTSTRAP_EXTERNAL", C.HALO_BOOTSTRAP_EXTERNAL, int64(comm.BootstrapExternal)},
+		{"HALO_DIR_FORWARD", C.HALO_DIR_FORWARD, int64(halo.DirForward)},
+		{"HALO_DIR_BACKWARD", C.HALO_DIR_BACKWARD, int64(halo.DirBackward)},
+		{"HALO_CALL_FORWARD (capi/calls.h)", C.HALO_CALL_FORWARD, int64(halo.CallForward)},
+		{"HALO_CALL_BACKWARD (capi/calls.h)", C.HALO_CALL_BACKWARD, int64(halo.CallBackward)},
+		{"HALO_CALL_HALOS_FORWARD (capi/calls.h)", C.HALO_CALL_HALOS_FORWARD, int64(halo.CallHalosForward)},
+		{"HALO_CALL_HALOS_BACKWARD (capi/calls.h)", C.HALO_CALL_HALOS_BACKWARD, int64(halo.CallHalosBackward)},
 	}
 	var bad []string
 	for _, k := range ints {

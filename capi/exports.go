@@ -16,6 +16,7 @@ import (
 	"unsafe"
 
 	"github.com/halo-cp/halo/comm"
+	"github.com/halo-cp/halo/cuda"
 	"github.com/halo-cp/halo/halo"
 )
 
@@ -224,6 +225,11 @@ func haloGoCommDestroy(h C.uintptr_t, eb *C.char, el C.size_t) C.int {
 		}
 		registry.Unlock()
 		var first error
+		if e.proxy != nil {
+			// Its queued exchanges use the plans: they end first (abort
+			// the communicator to make them fail at once).
+			first = e.proxy.Close()
+		}
 		for _, pe := range e.plans {
 			if err := pe.p.Close(); err != nil && first == nil {
 				first = err
@@ -425,6 +431,12 @@ func haloGoCommAbort(h C.uintptr_t, eb *C.char, el C.size_t) C.int {
 		if err != nil {
 			return err
 		}
+		registry.Lock()
+		proxy := e.proxy
+		registry.Unlock()
+		if proxy != nil {
+			proxy.Abort() // before the communicator: no queued exchange begins on it
+		}
 		e.c.Abort()
 		return nil
 	})
@@ -435,15 +447,20 @@ func haloGoPlanDestroy(h C.uintptr_t, eb *C.char, el C.size_t) C.int {
 	return exported(eb, el, func() error {
 		registry.Lock()
 		pe, ok := registry.plans[uintptr(h)]
+		var proxy *cuda.Proxy
 		if ok {
 			delete(registry.plans, uintptr(h))
 			if ce, ok := registry.comms[pe.comm]; ok {
 				delete(ce.plans, uintptr(h))
+				proxy = ce.proxy
 			}
 		}
 		registry.Unlock()
 		if !ok {
 			return badHandle(uintptr(h), "plan", kindPlan)
+		}
+		if proxy != nil {
+			proxy.Idle() // stream-ordered exchanges queued on the plan end first
 		}
 		return pe.p.Close()
 	})

@@ -4,6 +4,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include "halo.h"
+#include "calls.h"
 #include "_cgo_export.h"
 
 // The per-thread message buffer is allocated on first use: a __thread array
@@ -77,35 +78,35 @@ halo_result_t halo_plan_create(halo_comm_t comm, const halo_plan_params_t *param
 }
 
 halo_result_t halo_plan_forward(halo_plan_t plan, const void *x, void *out) {
-    return (halo_result_t)haloGoPlanRun((uintptr_t)plan, 0, 0, (void *)x, out, NULL, error_buffer(), HALO_ERRLEN);
+    return (halo_result_t)haloGoPlanRun((uintptr_t)plan, HALO_CALL_FORWARD, 0, (void *)x, out, NULL, error_buffer(), HALO_ERRLEN);
 }
 
 halo_result_t halo_plan_backward(halo_plan_t plan, const void *grad_out, void *grad_x) {
-    return (halo_result_t)haloGoPlanRun((uintptr_t)plan, 1, 0, (void *)grad_out, grad_x, NULL, error_buffer(), HALO_ERRLEN);
+    return (halo_result_t)haloGoPlanRun((uintptr_t)plan, HALO_CALL_BACKWARD, 0, (void *)grad_out, grad_x, NULL, error_buffer(), HALO_ERRLEN);
 }
 
 halo_result_t halo_plan_halos_forward(halo_plan_t plan, const void *x, void *left, void *right) {
-    return (halo_result_t)haloGoPlanRun((uintptr_t)plan, 2, 0, (void *)x, left, right, error_buffer(), HALO_ERRLEN);
+    return (halo_result_t)haloGoPlanRun((uintptr_t)plan, HALO_CALL_HALOS_FORWARD, 0, (void *)x, left, right, error_buffer(), HALO_ERRLEN);
 }
 
 halo_result_t halo_plan_halos_backward(halo_plan_t plan, const void *grad_left, const void *grad_right, void *grad_x) {
-    return (halo_result_t)haloGoPlanRun((uintptr_t)plan, 3, 0, (void *)grad_left, (void *)grad_right, grad_x, error_buffer(), HALO_ERRLEN);
+    return (halo_result_t)haloGoPlanRun((uintptr_t)plan, HALO_CALL_HALOS_BACKWARD, 0, (void *)grad_left, (void *)grad_right, grad_x, error_buffer(), HALO_ERRLEN);
 }
 
 halo_result_t halo_plan_forward_start(halo_plan_t plan, const void *x, void *out) {
-    return (halo_result_t)haloGoPlanRun((uintptr_t)plan, 0, 1, (void *)x, out, NULL, error_buffer(), HALO_ERRLEN);
+    return (halo_result_t)haloGoPlanRun((uintptr_t)plan, HALO_CALL_FORWARD, 1, (void *)x, out, NULL, error_buffer(), HALO_ERRLEN);
 }
 
 halo_result_t halo_plan_backward_start(halo_plan_t plan, const void *grad_out, void *grad_x) {
-    return (halo_result_t)haloGoPlanRun((uintptr_t)plan, 1, 1, (void *)grad_out, grad_x, NULL, error_buffer(), HALO_ERRLEN);
+    return (halo_result_t)haloGoPlanRun((uintptr_t)plan, HALO_CALL_BACKWARD, 1, (void *)grad_out, grad_x, NULL, error_buffer(), HALO_ERRLEN);
 }
 
 halo_result_t halo_plan_halos_forward_start(halo_plan_t plan, const void *x, void *left, void *right) {
-    return (halo_result_t)haloGoPlanRun((uintptr_t)plan, 2, 1, (void *)x, left, right, error_buffer(), HALO_ERRLEN);
+    return (halo_result_t)haloGoPlanRun((uintptr_t)plan, HALO_CALL_HALOS_FORWARD, 1, (void *)x, left, right, error_buffer(), HALO_ERRLEN);
 }
 
 halo_result_t halo_plan_halos_backward_start(halo_plan_t plan, const void *grad_left, const void *grad_right, void *grad_x) {
-    return (halo_result_t)haloGoPlanRun((uintptr_t)plan, 3, 1, (void *)grad_left, (void *)grad_right, grad_x, error_buffer(), HALO_ERRLEN);
+    return (halo_result_t)haloGoPlanRun((uintptr_t)plan, HALO_CALL_HALOS_BACKWARD, 1, (void *)grad_left, (void *)grad_right, grad_x, error_buffer(), HALO_ERRLEN);
 }
 
 halo_result_t halo_plan_test(halo_plan_t plan, halo_direction_t direction, int *done) {
@@ -134,15 +135,33 @@ halo_result_t halo_plan_create_multi(halo_comm_t comm, int count, const halo_pla
         return (halo_result_t)haloGoPlanMulti((uintptr_t)plan, call, start, (void **)a, (void **)b, NULL, error_buffer(), \
                                               HALO_ERRLEN);                                                      \
     }
-HALO_MULTI2(halo_plan_forward_multi, 0, 0, const void *const *a, void *const *b)
-HALO_MULTI2(halo_plan_backward_multi, 1, 0, const void *const *a, void *const *b)
-HALO_MULTI(halo_plan_halos_forward_multi, 2, 0, const void *const *a, void *const *b, void *const *c)
-HALO_MULTI(halo_plan_halos_backward_multi, 3, 0, const void *const *a, const void *const *b, void *const *c)
-HALO_MULTI2(halo_plan_forward_multi_start, 0, 1, const void *const *a, void *const *b)
-HALO_MULTI2(halo_plan_backward_multi_start, 1, 1, const void *const *a, void *const *b)
-HALO_MULTI(halo_plan_halos_forward_multi_start, 2, 1, const void *const *a, void *const *b, void *const *c)
-HALO_MULTI(halo_plan_halos_backward_multi_start, 3, 1, const void *const *a, const void *const *b, void *const *c)
+HALO_MULTI2(halo_plan_forward_multi, HALO_CALL_FORWARD, 0, const void *const *a, void *const *b)
+HALO_MULTI2(halo_plan_backward_multi, HALO_CALL_BACKWARD, 0, const void *const *a, void *const *b)
+HALO_MULTI(halo_plan_halos_forward_multi, HALO_CALL_HALOS_FORWARD, 0, const void *const *a, void *const *b, void *const *c)
+HALO_MULTI(halo_plan_halos_backward_multi, HALO_CALL_HALOS_BACKWARD, 0, const void *const *a, const void *const *b, void *const *c)
+HALO_MULTI2(halo_plan_forward_multi_start, HALO_CALL_FORWARD, 1, const void *const *a, void *const *b)
+HALO_MULTI2(halo_plan_backward_multi_start, HALO_CALL_BACKWARD, 1, const void *const *a, void *const *b)
+HALO_MULTI(halo_plan_halos_forward_multi_start, HALO_CALL_HALOS_FORWARD, 1, const void *const *a, void *const *b, void *const *c)
+HALO_MULTI(halo_plan_halos_backward_multi_start, HALO_CALL_HALOS_BACKWARD, 1, const void *const *a, const void *const *b, void *const *c)
 
 halo_result_t halo_plan_destroy(halo_plan_t plan) {
     return (halo_result_t)haloGoPlanDestroy((uintptr_t)plan, error_buffer(), HALO_ERRLEN);
+}
+
+halo_result_t halo_exchange_start(halo_plan_t plan, halo_direction_t direction, void *const *buffers, size_t count,
+                                  void *stream, halo_request_t *request) {
+    return (halo_result_t)haloGoExchangeStart((uintptr_t)plan, (int)direction, (void **)buffers, count, stream, request,
+                                              error_buffer(), HALO_ERRLEN);
+}
+
+halo_result_t halo_request_test(halo_request_t request, int *done) {
+    return (halo_result_t)haloGoRequestTest((uintptr_t)request, done, error_buffer(), HALO_ERRLEN);
+}
+
+halo_result_t halo_request_wait(halo_request_t request, void *stream) {
+    return (halo_result_t)haloGoRequestWait((uintptr_t)request, stream, error_buffer(), HALO_ERRLEN);
+}
+
+halo_result_t halo_request_free(halo_request_t request) {
+    return (halo_result_t)haloGoRequestFree((uintptr_t)request, error_buffer(), HALO_ERRLEN);
 }

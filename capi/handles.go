@@ -6,6 +6,7 @@ import (
 	"unsafe"
 
 	"github.com/halo-cp/halo/comm"
+	"github.com/halo-cp/halo/cuda"
 	"github.com/halo-cp/halo/halo"
 )
 
@@ -13,14 +14,16 @@ import (
 // a serial that is never reused, so a NULL, stale or foreign handle is found
 // out by a map lookup instead of crashing the caller.
 const (
-	kindComm = 0xC0
-	kindPlan = 0xB1
+	kindComm    = 0xC0
+	kindPlan    = 0xB1
+	kindRequest = 0xD3
 )
 
 type commEntry struct {
 	c       *comm.Comm
 	plans   map[uintptr]*planEntry
 	address unsafe.Pointer // C copy of the worker address, made on demand
+	proxy   *cuda.Proxy    // runs stream-ordered exchanges; made on the first
 }
 
 type planEntry struct {
@@ -30,10 +33,11 @@ type planEntry struct {
 
 var registry = struct {
 	sync.Mutex
-	next  uint64
-	comms map[uintptr]*commEntry
-	plans map[uintptr]*planEntry
-}{next: 1, comms: map[uintptr]*commEntry{}, plans: map[uintptr]*planEntry{}}
+	next     uint64
+	comms    map[uintptr]*commEntry
+	plans    map[uintptr]*planEntry
+	requests map[uintptr]*requestEntry
+}{next: 1, comms: map[uintptr]*commEntry{}, plans: map[uintptr]*planEntry{}, requests: map[uintptr]*requestEntry{}}
 
 func newHandle(kind uint64) uintptr {
 	h := uintptr(kind<<56 | registry.next)
@@ -47,6 +51,8 @@ func kindName(h uintptr) string {
 		return "a communicator handle"
 	case kindPlan:
 		return "a plan handle"
+	case kindRequest:
+		return "a request handle"
 	}
 	return "not a halo handle"
 }

@@ -31,6 +31,7 @@ type Config struct {
 	Timeout          time.Duration // every exchange wait; SettingTimeout
 	BootstrapTimeout time.Duration // the rendezvous; SettingBootstrapTimeout
 	Transfer         halo.Transfer // SettingTransfer
+	CUDADriver       string        // "cuda" or "host-fake"; SettingCUDADriver
 	// Launch names the launch this rank belongs to in the rendezvous, so
 	// that runs sharing a job id and attempt never meet; "" derives it
 	// from the launcher's environment (launch.go). LaunchDesc says what it
@@ -94,6 +95,7 @@ func (c *Config) fill() error {
 		fillFrom(&c.Timeout, SettingTimeout, ParseDuration),
 		fillFrom(&c.BootstrapTimeout, SettingBootstrapTimeout, ParseDuration),
 		fillFrom(&c.Transfer, SettingTransfer, ParseTransfer),
+		fillFrom(&c.CUDADriver, SettingCUDADriver, ParseCUDADriver),
 	} {
 		if err != nil {
 			return err

@@ -16,11 +16,12 @@ import (
 type Kind int
 
 const (
-	KindString   Kind = iota // taken as it is
-	KindBool                 // ParseBool
-	KindInt                  // ParseInt
-	KindDuration             // ParseDuration
-	KindTransfer             // ParseTransfer
+	KindString     Kind = iota // taken as it is
+	KindBool                   // ParseBool
+	KindInt                    // ParseInt
+	KindDuration               // ParseDuration
+	KindTransfer               // ParseTransfer
+	KindCUDADriver             // ParseCUDADriver
 )
 
 // Setting is one HALO_* environment variable the library reads. halod's
@@ -59,12 +60,15 @@ var (
 		Means: "polls before a waiting rank yields its CPU (lower it when ranks outnumber CPUs; negative never yields)"}
 	SettingTransfer = Setting{Env: "HALO_TRANSFER", Kind: KindTransfer, Default: "auto",
 		Means: "how strided halos go on the wire: auto, pack (copied into a buffer) or iov (UCX IOV)"}
+	SettingCUDADriver = Setting{Env: "HALO_CUDA_DRIVER", Kind: KindCUDADriver, Default: "cuda",
+		Means: "the CUDA driver of stream-ordered exchanges: cuda (libcuda.so.1, loaded on first use) or host-fake (a host emulation, for tests without a GPU)"}
 )
 
 // Settings lists every library setting, in the order halod info shows them.
 var Settings = []Setting{
 	SettingRendezvous, SettingRendezvousExternal, SettingToken, SettingJobID, SettingJobAttempt,
 	SettingTimeout, SettingBootstrapTimeout, SettingDetectPeerFailure, SettingSpinPolls, SettingTransfer,
+	SettingCUDADriver,
 }
 
 // Check says whether v is a value of the setting's kind.
@@ -79,6 +83,8 @@ func (s Setting) Check(v string) error {
 		_, err = ParseDuration(v)
 	case KindTransfer:
 		_, err = ParseTransfer(v)
+	case KindCUDADriver:
+		_, err = ParseCUDADriver(v)
 	}
 	return err
 }
@@ -170,6 +176,16 @@ func ParseInt(s string) (int, error) {
 }
 
 // ParseTransfer reads auto, pack or iov, in any case.
+// ParseCUDADriver reads SettingCUDADriver: which driver stream-ordered
+// exchanges load (package cuda).
+func ParseCUDADriver(s string) (string, error) {
+	switch v := strings.ToLower(strings.TrimSpace(s)); v {
+	case "cuda", "host-fake":
+		return v, nil
+	}
+	return "", errors.New("want cuda or host-fake")
+}
+
 func ParseTransfer(s string) (halo.Transfer, error) {
 	switch strings.ToLower(strings.TrimSpace(s)) {
 	case "auto":

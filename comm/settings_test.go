@@ -143,6 +143,7 @@ func TestEverySettingReachesConfig(t *testing.T) {
 		SettingDetectPeerFailure.Env:  {"on", "2", func(c Config) bool { return c.DetectPeerFailure }},
 		SettingSpinPolls.Env:          {"256", "lots", func(c Config) bool { return c.SpinPolls == 256 }},
 		SettingTransfer.Env:           {"pack", "zip", func(c Config) bool { return c.Transfer == halo.TransferPack }},
+		SettingCUDADriver.Env:         {"host-fake", "gpu", func(c Config) bool { return c.CUDADriver == "host-fake" }},
 	}
 	for _, s := range Settings {
 		tc, ok := cases[s.Env]

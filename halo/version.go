@@ -4,4 +4,4 @@ package halo
 // macros: the header is the source (CMake reads it too). TestVersionMatchesHeader
 // in version_test.go fails when this copy drifts; capi's TestABIConstants
 // checks it against HALO_VERSION_STRING through cgo as well.
-const Version = "0.3.0"
+const Version = "0.4.0"

@@ -30,10 +30,10 @@ extern "C" {
 
 /** @brief Version of this header. Compare with halo_version_number(). */
 #define HALO_VERSION_MAJOR 0
-#define HALO_VERSION_MINOR 3
+#define HALO_VERSION_MINOR 4
 #define HALO_VERSION_PATCH 0
 #define HALO_VERSION_NUMBER (HALO_VERSION_MAJOR * 10000 + HALO_VERSION_MINOR * 100 + HALO_VERSION_PATCH)
-#define HALO_VERSION_STRING "0.3.0"
+#define HALO_VERSION_STRING "0.4.0"
 
 /** @brief Result codes. Values are fixed forever; new ones are appended. */
 typedef enum halo_result {
@@ -97,10 +97,14 @@ typedef enum halo_memory_type {
     HALO_MEMORY_CUDA = 1  /**< an NVIDIA GPU's memory: the library never touches it from the CPU */
 } halo_memory_type_t;
 
-/** @brief The two exchanges of a plan, for the asynchronous calls. */
+/**
+ * @brief The two exchanges of a plan. A padded plan's forward fills out from
+ * x and its backward grad_x from grad_out; a halos-only plan's forward fills
+ * left and right from x, its backward grad_x from grad_left and grad_right.
+ */
 typedef enum halo_direction {
-    HALO_DIR_FORWARD  = 0, /**< halo_plan_forward_start / halo_plan_halos_forward_start */
-    HALO_DIR_BACKWARD = 1  /**< halo_plan_backward_start / halo_plan_halos_backward_start */
+    HALO_DIR_FORWARD  = 0,
+    HALO_DIR_BACKWARD = 1
 } halo_direction_t;
 
 /** @brief How ranks find each other. */
@@ -111,6 +115,7 @@ typedef enum halo_bootstrap {
 
 typedef struct halo_comm *halo_comm_t; /**< opaque communicator handle */
 typedef struct halo_plan *halo_plan_t; /**< opaque plan handle */
+typedef struct halo_request *halo_request_t; /**< opaque handle of one started exchange */
 
 /** @brief Bits of halo_comm_params_t.field_mask: which optional fields are set. */
 enum {
@@ -128,8 +133,9 @@ enum {
  * HALO_BOOTSTRAP_TIMEOUT_MS), then defaults: rendezvous 127.0.0.1:29700
  * hosted by rank 0, no token (allowed on loopback only), job "halo",
  * timeout 120 s, bootstrap timeout 60 s. HALO_RENDEZVOUS_EXTERNAL,
- * HALO_JOB_ATTEMPT, HALO_DETECT_PEER_FAILURE, HALO_SPIN_POLLS and
- * HALO_TRANSFER have no field and come from the environment only.
+ * HALO_JOB_ATTEMPT, HALO_DETECT_PEER_FAILURE, HALO_SPIN_POLLS,
+ * HALO_TRANSFER and HALO_CUDA_DRIVER (halo_exchange_start) have no field
+ * and come from the environment only.
  * Durations are milliseconds (5000) or carry a unit (500ms, 2s); switches
  * are 1/true/yes/on or 0/false/no/off. A value that cannot be read fails
  * halo_comm_create with HALO_ERR_INVALID_ARGUMENT. README.md lists them all.
@@ -143,6 +149,9 @@ typedef struct halo_comm_params {
     int64_t          timeout_ms;           /**< deadline of every wait in forward/backward/plan create */
     int64_t          bootstrap_timeout_ms; /**< deadline of the rendezvous */
 } halo_comm_params_t;
+
+/** @brief halo_comm_params_t with no field set: `halo_comm_params_t p = HALO_COMM_PARAMS_INITIALIZER;` */
+#define HALO_COMM_PARAMS_INITIALIZER {0, HALO_BOOTSTRAP_RENDEZVOUS, NULL, NULL, NULL, 0, 0}
 
 /** @brief Bits of halo_plan_params_t.field_mask. */
 enum {
@@ -216,6 +225,14 @@ typedef struct halo_plan_params {
     const int64_t *grad_right_strides;
     halo_memory_type_t memory_type;  /**< HALO_MEMORY_HOST unless set */
 } halo_plan_params_t;
+
+/**
+ * @brief halo_plan_params_t with no optional field set: a float32,
+ * zero-padded, padded host plan; the caller still sets ndim, shape, dim,
+ * left and right.
+ */
+#define HALO_PLAN_PARAMS_INITIALIZER \
+    {0, HALO_FLOAT32, 0, NULL, 0, 0, 0, NULL, NULL, NULL, NULL, HALO_PAD_ZEROS, 0, NULL, NULL, NULL, NULL, HALO_MEMORY_HOST}
 
 /** @brief Version of the loaded library, as HALO_VERSION_NUMBER. */
 int halo_version_number(void);
@@ -324,8 +341,10 @@ halo_result_t halo_plan_halos_forward(halo_plan_t plan, const void *x, void *lef
 halo_result_t halo_plan_halos_backward(halo_plan_t plan, const void *grad_left, const void *grad_right, void *grad_x);
 
 /**
- * @brief Asynchronous exchanges. A *_start call takes the same arguments as
- * its blocking call, posts the messages, does the local work that needs
+ * @brief The 0.3 asynchronous calls, kept unchanged so that 0.3 callers keep
+ * working within major version 0 (a minor bump adds, never removes); new
+ * code uses halo_exchange_start, of which they are the stream-less special
+ * cases. A *_start call takes the same arguments as its blocking call, posts the messages, does the local work that needs
  * nothing from the wire (padding, the interior copy) and returns; the
  * exchange is then finished by halo_plan_wait, or by halo_plan_test once it
  * reports done. Results are in the tensors only when the wait or test that
@@ -374,6 +393,81 @@ halo_result_t halo_plan_backward_multi_start(halo_plan_t plan, const void *const
 halo_result_t halo_plan_halos_forward_multi_start(halo_plan_t plan, const void *const *x, void *const *left, void *const *right);
 halo_result_t halo_plan_halos_backward_multi_start(halo_plan_t plan, const void *const *grad_left,
                                                    const void *const *grad_right, void *const *grad_x);
+
+/**
+ * @brief Start one exchange of a plan: the direction's exchange of every
+ * layout of the plan, single or multi (halo_plan_create_multi), padded or
+ * halos-only, through this one call.
+ *
+ * buffers holds count pointers: for each layout in the order of the plan's
+ * params, the tensors of the direction's exchange in this order —
+ *   padded forward:      x, out
+ *   padded backward:     grad_out, grad_x
+ *   halos-only forward:  x, left, right
+ *   halos-only backward: grad_left, grad_right, grad_x
+ * so count is 2 or 3 times the number of layouts (anything else fails with
+ * HALO_ERR_INVALID_ARGUMENT saying what was expected). The pointers are
+ * those of the blocking calls above, with the same rules.
+ *
+ * stream NULL: the exchange is posted on the calling thread, with the local
+ * work that needs nothing from the wire done before returning (as the
+ * halo_plan_*_start calls).
+ *
+ * stream non-NULL (a CUstream, or a cudaStream_t, which is the same; CUDA's
+ * default stream, whose handle is 0, is given as CU_STREAM_LEGACY, 0x1): the
+ * exchange is ordered on that stream and the call returns at once, without
+ * waiting for the stream. The exchange begins after the work queued on the
+ * stream before the call (an event recorded there, waited for by a proxy
+ * thread of the communicator), and work queued on the stream after the call
+ * waits for it to end (the stream waits, with cuStreamWaitValue32, on a flag
+ * the proxy writes). The tensors belong to the exchange until then. The
+ * CUDA driver (libcuda.so.1) is loaded on first use: where it cannot be
+ * loaded, or lacks a call halo needs, this fails with
+ * HALO_ERR_INVALID_ARGUMENT naming the library and the reason. While a
+ * stream-ordered exchange is in flight the proxy thread uses the
+ * communicator: the caller makes no other call on it or its plans but
+ * halo_request_test, halo_request_wait and halo_request_free, and starts
+ * of other stream-ordered exchanges, which the proxy runs in order;
+ * halo_plan_destroy and halo_comm_destroy first wait for the exchanges
+ * queued (halo_comm_abort makes them fail at once).
+ * HALO_CUDA_DRIVER=host-fake (read by halo_comm_create) replaces the
+ * driver with a host emulation (streams are FIFO queues run by host
+ * threads, any non-NULL value names one): the proxy path on host memory,
+ * for tests where there is no GPU. The first stream-ordered call loads the
+ * driver for the whole process.
+ *
+ * One exchange per plan and direction may be in flight (a second start is
+ * HALO_ERR_INVALID_STATE). *request is written only on success; the request
+ * is finished by halo_request_test or halo_request_wait and released by
+ * halo_request_free. Collective: every rank starts the same exchanges of its
+ * plans in the same order.
+ */
+halo_result_t halo_exchange_start(halo_plan_t plan, halo_direction_t direction, void *const *buffers, size_t count,
+                                  void *stream, halo_request_t *request);
+
+/**
+ * @brief Progress the request without blocking: *done is 1 once its exchange
+ * has ended (for a stream-ordered one: the proxy has written its flag), else
+ * 0. The exchange's error, if any, is returned once it has ended, on every
+ * call until the request is freed.
+ */
+halo_result_t halo_request_test(halo_request_t request, int *done);
+
+/**
+ * @brief Finish the request. stream NULL: block the calling thread until the
+ * exchange ends (within the communicator's timeout) and return its result.
+ * stream non-NULL (a stream-ordered request only): make that stream, which
+ * may differ from the one the exchange was started on, wait for the
+ * exchange, and return at once; an error of the exchange is then reported by
+ * halo_request_test or a host wait.
+ */
+halo_result_t halo_request_wait(halo_request_t request, void *stream);
+
+/**
+ * @brief Release a request. A request whose exchange has not ended is
+ * refused with HALO_ERR_INVALID_STATE and stays valid (wait for it first).
+ */
+halo_result_t halo_request_free(halo_request_t request);
 
 /**
  * @brief Destroy a plan. Local. An exchange still in flight is cancelled and

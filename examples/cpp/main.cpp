@@ -45,8 +45,7 @@ class Comm {
 class Plan {
   public:
     Plan(const Comm &comm, std::vector<int64_t> shape, int dim, int64_t left, int64_t right) : shape_(std::move(shape)) {
-        halo_plan_params_t p{};
-        p.dtype = HALO_FLOAT32;
+        halo_plan_params_t p = HALO_PLAN_PARAMS_INITIALIZER;
         p.ndim = static_cast<int32_t>(shape_.size());
         p.shape = shape_.data();
         p.dim = dim;
@@ -58,7 +57,15 @@ class Plan {
     Plan(const Plan &) = delete;
     Plan &operator=(const Plan &) = delete;
     void forward(const float *x, float *out) { check(halo_plan_forward(plan_, x, out), "halo_plan_forward"); }
-    void backward(const float *grad_out, float *grad_x) { check(halo_plan_backward(plan_, grad_out, grad_x), "halo_plan_backward"); }
+    // Through halo_exchange_start, the one call of every form (0.4): a
+    // trainer would hold the request across work and wait for it later.
+    void backward(const float *grad_out, float *grad_x) {
+        void *tensors[2] = {const_cast<float *>(grad_out), grad_x};
+        halo_request_t req;
+        check(halo_exchange_start(plan_, HALO_DIR_BACKWARD, tensors, 2, nullptr, &req), "halo_exchange_start");
+        check(halo_request_wait(req, nullptr), "halo_request_wait");
+        check(halo_request_free(req), "halo_request_free");
+    }
 
   private:
     std::vector<int64_t> shape_;

@@ -10,11 +10,14 @@ Also: the halos alone (``halos``), exchanges started now and finished later
 (``cp_halo_exchange_start``, ``halo_exchange_start_``, ``halos_start``),
 ``abort`` for a watchdog, halos of tensors tiled over a grid of ranks
 (``TileGrid``, ``tile_halo_exchange``), and context-parallel and tiled
-convolution layers (``halocp.nn``).
+convolution layers (``halocp.nn``), the summing exchange of transposed
+convolutions (``cp_halo_sum``).
 Python over ``libhalo.so`` through ctypes; the library is found through
 ``HALO_LIBRARY``, inside this package (where the wheel puts it), in a source
 checkout's ``build/lib``, or on the dynamic loader's path.
 """
+
+import torch
 
 from ._comm import Communicator, clear_plans, communicator, destroy_communicator
 from ._lib import (
@@ -35,12 +38,16 @@ from ._lib import (
 from ._cuda import cuda_path
 from ._inflight import Exchange, abort
 from .exchange import cp_halo_exchange, cp_halo_exchange_start, halo_exchange_, halo_exchange_start_, halos, halos_start
+from .halo_sum import cp_halo_sum
 from .tiles import TileGrid, tile_halo_exchange
 from . import nn
 
+if hasattr(torch.library, "custom_op"):  # PyTorch >= 2.4: the ops torch.compile traces
+    from . import _ops
+
 # include/halo.h's version (the source); pyproject.toml reads this line and
 # tests/python/test_abi.py checks it against the header.
-__version__ = "0.3.0"
+__version__ = "0.4.0"
 
 __all__ = [
     "cp_halo_exchange",
@@ -49,6 +56,7 @@ __all__ = [
     "cp_halo_exchange_start",
     "halo_exchange_start_",
     "halos_start",
+    "cp_halo_sum",
     "TileGrid",
     "tile_halo_exchange",
     "Exchange",

@@ -47,8 +47,8 @@ class Plan:
     def __init__(self, comm: "Communicator", handle: int):
         self.comm = comm
         self.handle = handle
-        L = _lib.lib()
-        self._forward, self._backward = L.halo_plan_forward, L.halo_plan_backward
+        self._forward = _lib.plan_call(_lib.Call.FORWARD)[0]
+        self._backward = _lib.plan_call(_lib.Call.BACKWARD)[0]
 
     def forward(self, x_ptr: int, out_ptr: int) -> None:
         with self.comm.lock:
@@ -175,7 +175,18 @@ class Communicator:
     connects. Use :func:`halocp.communicator` to get one.
     """
 
+    # Per-communicator state beside the plans, released by close():
+    # cuda_path: "direct" or "staged" once asked (halocp._cuda);
+    # cuda_layouts: the CUDA paths' layouts (plans and device or pinned buffers);
+    # dropped: exchanges whose handles were dropped unwaited (halocp._inflight);
+    # calls: what a call site needs per layout, prepared once (exchange.py).
+    cuda_path: str | None
+    cuda_layouts: OrderedDict
+    dropped: list
+    calls: dict
+
     def __init__(self, group, timeout: float | None = None):
+        self.cuda_path, self.cuda_layouts, self.dropped, self.calls = None, OrderedDict(), [], {}
         self.group = group
         self.rank = dist.get_rank(group)
         self.world_size = dist.get_world_size(group)
@@ -275,6 +286,8 @@ class Communicator:
         """Forget every cached plan (local; do it on every rank at the same point)."""
         with self.lock:
             self._plans.clear()
+            self.calls.clear()
+            self.cuda_layouts.clear()
 
     def close(self) -> None:
         """Destroy the communicator and its plans (local; never hangs)."""
@@ -283,6 +296,9 @@ class Communicator:
                 return
             self.closed = True
             self._plans.clear()
+            self.calls.clear()
+            self.cuda_layouts.clear()
+            self.dropped = []
             if self.handle is not None:
                 _lib.lib().halo_comm_destroy(self.handle)
                 self.handle = None
@@ -305,6 +321,30 @@ def resolve_group(group):
             )
         group = dist.group.WORLD
     return group
+
+
+# Process groups by token, for the custom ops (which take strings, not
+# groups): the group's name, "" for the default group.
+_groups_by_token: dict = {}
+
+
+def group_token(group) -> str:
+    """The token naming group in a custom op's arguments."""
+    if group is None:
+        return ""
+    token = _group_name(group)
+    _groups_by_token[token] = group
+    return token
+
+
+def token_group(token: str):
+    """The group a token names (None: the default group)."""
+    if not token:
+        return None
+    try:
+        return _groups_by_token[token]
+    except KeyError:
+        raise HaloError(_lib.ERR_INVALID_ARGUMENT, f"halocp: no process group has token {token!r}") from None
 
 
 def communicator(group=None, *, timeout: float | None = None) -> Communicator:

@@ -34,13 +34,13 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-from collections import OrderedDict
 
 import torch
 from torch import Tensor
 
 from . import _inflight, _lib
-from ._comm import PLAN_CACHE_SIZE, communicator
+from ._comm import PLAN_CACHE_SIZE, communicator, halo_dtype
+from ._layout import dim_order, empty_in_order, outermost as _outermost, resized as _halo_shape
 from ._lib import HaloError
 
 DIRECT, STAGED = "direct", "staged"
@@ -72,48 +72,30 @@ def cuda_path(group=None) -> str:
 
 
 def _path(comm) -> str:
-    path = comm.__dict__.get("_halocp_cuda_path")
+    path = comm.cuda_path
     if path is None:
         types = ctypes.c_uint64(0)
         _lib.check(_lib.lib().halo_comm_memory_types(comm.handle, ctypes.byref(types)), "halo_comm_memory_types")
         path = DIRECT if types.value >> _lib.MEMORY_CUDA & 1 else STAGED
-        comm.__dict__["_halocp_cuda_path"] = path
+        comm.cuda_path = path
     return path
 
 
 # ------------------------------------------------------------------ layouts
 
 
-def _outermost(shape, dim, **kw) -> Tensor:
-    """An empty tensor of shape whose dim is outermost in memory: a range of
-    slices along dim is one contiguous run."""
-    s = list(shape)
-    n = s.pop(dim)
-    return torch.empty([n] + s, **kw).movedim(0, dim)
-
-
 def _format(t: Tensor, shape=None) -> tuple:
     """What an output in t's memory format needs: the CPU path's outputs and
     gradients keep x's format, and so do these."""
-    from .exchange import dim_order
-
     return (tuple(t.shape if shape is None else shape), dim_order(t), t.dtype, t.device)
 
 
 def _empty(fmt: tuple) -> Tensor:
-    from .exchange import empty_in_order
-
     return empty_in_order(*fmt)
 
 
 def _like(t: Tensor, shape=None) -> Tensor:
     return _empty(_format(t, shape))
-
-
-def _halo_shape(shape, dim, k):
-    s = list(shape)
-    s[dim] = k
-    return s
 
 
 class _Layout:
@@ -259,18 +241,9 @@ class _Layout:
 def buffer_params(x, lh, rh, gl, gr, gx, left, right, dim, memory, padding_mode="zeros"):
     """halo_plan_params_t of a halos-only plan over these tensors' layouts,
     in memory of type memory (a _lib.MEMORY_*)."""
-    from .exchange import _params
-
-    p = _params(x.dtype, tuple(x.shape), dim, left, right, x.stride(), None, None, padding_mode)
-    p.halos_only = 1
-    arrays = [_lib.int64_array(t.stride()) for t in (lh, rh, gl, gr, gx)]
-    p._keep += arrays
-    p.left_strides, p.right_strides, p.grad_left_strides, p.grad_right_strides, p.grad_x_strides = arrays
-    p.memory_type = memory
-    p.field_mask |= (_lib.PLAN_PARAM_HALOS_ONLY | _lib.PLAN_PARAM_LEFT_STRIDES | _lib.PLAN_PARAM_RIGHT_STRIDES
-                     | _lib.PLAN_PARAM_GRAD_LEFT_STRIDES | _lib.PLAN_PARAM_GRAD_RIGHT_STRIDES
-                     | _lib.PLAN_PARAM_GRAD_X_STRIDES | _lib.PLAN_PARAM_MEMORY_TYPE)
-    return p
+    return _lib.plan_params(halo_dtype(x.dtype), tuple(x.shape), dim, left, right, x.stride(), padding_mode,
+                            halos_only=True, memory_type=memory, left_strides=lh.stride(), right_strides=rh.stride(),
+                            grad_left_strides=gl.stride(), grad_right_strides=gr.stride(), grad_x_strides=gx.stride())
 
 
 def _layout(x: Tensor, left, right, dim, group, padding_mode) -> _Layout:
@@ -279,7 +252,7 @@ def _layout(x: Tensor, left, right, dim, group, padding_mode) -> _Layout:
     if left < 0 or right < 0:  # before any buffer is sized by them
         raise HaloError(_lib.ERR_INVALID_ARGUMENT, f"halocp: halo sizes must not be negative (left {left}, right {right})")
     comm = communicator(group)
-    cache = comm.__dict__.setdefault("_halocp_cuda_layouts", OrderedDict())
+    cache = comm.cuda_layouts
     key = (x.device, x.dtype, dim, left, right, tuple(x.shape), padding_mode)
     lay = cache.get(key)
     if lay is not None:

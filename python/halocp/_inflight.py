@@ -15,32 +15,20 @@ from . import _lib
 from ._comm import _comms, resolve_group
 from ._lib import HaloError
 
-# Names of the C calls, by what they do; looked up on the loaded library
-# when called (ctypes caches the function objects).
-FORWARD = "halo_plan_forward"
-BACKWARD = "halo_plan_backward"
-HALOS_FORWARD = "halo_plan_halos_forward"
-HALOS_BACKWARD = "halo_plan_halos_backward"
-_DIRECTION = {
-    FORWARD: _lib.DIR_FORWARD,
-    BACKWARD: _lib.DIR_BACKWARD,
-    HALOS_FORWARD: _lib.DIR_FORWARD,
-    HALOS_BACKWARD: _lib.DIR_BACKWARD,
-}
-
-# Attribute of a Communicator holding the exchanges whose handles were
-# dropped before they finished (set here, so _comm.py needs no change).
-_DROPPED = "_halocp_dropped"
+# What a plan call does (the C names are _lib's).
+FORWARD, BACKWARD = _lib.Call.FORWARD, _lib.Call.BACKWARD
+HALOS_FORWARD, HALOS_BACKWARD = _lib.Call.HALOS_FORWARD, _lib.Call.HALOS_BACKWARD
 
 
-def run(plan, call: str, *tensors) -> None:
-    """A blocking exchange on plan: the C call ``call`` with the tensors'
+def run(plan, call: _lib.Call, *tensors) -> None:
+    """A blocking exchange on plan: the C call of ``call`` with the tensors'
     data pointers, in the header's argument order."""
     settle(plan.comm)
+    fn, name = _lib.plan_call(call)
     with plan.comm.lock:
-        rc = getattr(_lib.lib(), call)(plan.handle, *[t.data_ptr() for t in tensors])
+        rc = fn(plan.handle, *[t.data_ptr() for t in tensors])
         if rc:
-            raise _lib.error(rc, call)
+            raise _lib.error(rc, name)
 
 
 class Pending:
@@ -52,7 +40,7 @@ class Pending:
 
     def __init__(self, plan, call, tensors):
         self.plan, self.call, self.tensors = plan, call, tensors
-        self.direction = _DIRECTION[call]
+        self.direction = call.direction
         self.finished = False
 
     def finish(self, block: bool) -> bool:
@@ -89,14 +77,15 @@ class Pending:
         self.tensors = ()
 
 
-def start(plan, call: str, *tensors) -> Pending:
+def start(plan, call: _lib.Call, *tensors) -> Pending:
     """Start the asynchronous form of ``call`` (e.g. HALOS_FORWARD) on plan;
     the returned Pending keeps plan and tensors alive until it finishes."""
     settle(plan.comm)
+    fn, name = _lib.plan_call(call, start=True)
     with plan.comm.lock:
-        rc = getattr(_lib.lib(), call + "_start")(plan.handle, *[t.data_ptr() for t in tensors])
+        rc = fn(plan.handle, *[t.data_ptr() for t in tensors])
         if rc:
-            raise _lib.error(rc, call + "_start")
+            raise _lib.error(rc, name)
     return Pending(plan, call, tensors)
 
 
@@ -108,7 +97,7 @@ def settle(comm) -> None:
     and so are their failures: a failed exchange leaves the communicator
     failed, and the call that settles reports that itself.
     """
-    dropped = comm.__dict__.get(_DROPPED)
+    dropped = comm.dropped
     while dropped:
         dropped.pop(0).finish_quietly()
 
@@ -184,7 +173,7 @@ class Exchange:
         pending = getattr(self, "_pending", None)
         if pending is not None and not pending.finished:
             try:
-                pending.plan.comm.__dict__.setdefault(_DROPPED, []).append(pending)
+                pending.plan.comm.dropped.append(pending)
             except Exception:  # interpreter shutdown
                 pass
 

@@ -7,6 +7,7 @@ of the package calls the small helpers at the bottom.
 from __future__ import annotations
 
 import ctypes
+import enum
 import os
 import threading
 from pathlib import Path
@@ -14,7 +15,7 @@ from pathlib import Path
 # The ABI this module was written against: include/halo.h 0.3. These values
 # and the structs below are copies of the header; tests/python/test_abi.py
 # checks them against it.
-ABI_MAJOR, ABI_MINOR = 0, 3
+ABI_MAJOR, ABI_MINOR = 0, 4
 
 # halo_result_t
 SUCCESS = 0
@@ -67,6 +68,27 @@ PLAN_PARAM_MEMORY_TYPE = 1 << 10
 
 # halo_direction_t
 DIR_FORWARD, DIR_BACKWARD = 0, 1
+
+
+class Call(enum.IntEnum):
+    """What a plan call does; plan_call gives its C function."""
+
+    FORWARD = 0
+    BACKWARD = 1
+    HALOS_FORWARD = 2
+    HALOS_BACKWARD = 3
+
+    @property
+    def direction(self) -> int:
+        return DIR_BACKWARD if self in (Call.BACKWARD, Call.HALOS_BACKWARD) else DIR_FORWARD
+
+
+_CALL_NAMES = {
+    Call.FORWARD: "halo_plan_forward",
+    Call.BACKWARD: "halo_plan_backward",
+    Call.HALOS_FORWARD: "halo_plan_halos_forward",
+    Call.HALOS_BACKWARD: "halo_plan_halos_backward",
+}
 
 MAX_DIMS = 8
 
@@ -295,6 +317,12 @@ def error(rc: int, what: str) -> HaloError:
     return HaloError(rc, f"{what}: {reason}: {detail}" if detail else f"{what}: {reason}")
 
 
+def plan_call(call: Call, start: bool = False):
+    """(the C function, its name) of a plan call, blocking or its _start form."""
+    name = _CALL_NAMES[call] + ("_start" if start else "")
+    return getattr(lib(), name), name
+
+
 def check(rc: int, what: str) -> None:
     if rc != SUCCESS:
         raise error(rc, what)
@@ -302,3 +330,55 @@ def check(rc: int, what: str) -> None:
 
 def int64_array(values) -> ctypes.Array:
     return (ctypes.c_int64 * len(values))(*values)
+
+
+# torch.nn.Conv3d's padding_mode spellings, and halo_padding_t.
+PADDINGS = {"zeros": PAD_ZEROS, "replicate": PAD_REPLICATE, "reflect": PAD_REFLECT, "circular": PAD_CIRCULAR}
+
+
+def padding_code(mode) -> int:
+    """halo_padding_t of a padding_mode argument; ValueError naming the choices."""
+    try:
+        return PADDINGS[mode]
+    except (KeyError, TypeError):
+        raise ValueError(f"halocp: padding_mode {mode!r} is not one of {', '.join(map(repr, PADDINGS))}") from None
+
+
+# Optional stride fields of halo_plan_params_t, by keyword of plan_params.
+_STRIDE_FIELDS = {
+    "out_strides": PLAN_PARAM_OUT_STRIDES,
+    "grad_out_strides": PLAN_PARAM_GRAD_OUT_STRIDES,
+    "grad_x_strides": PLAN_PARAM_GRAD_X_STRIDES,
+    "left_strides": PLAN_PARAM_LEFT_STRIDES,
+    "right_strides": PLAN_PARAM_RIGHT_STRIDES,
+    "grad_left_strides": PLAN_PARAM_GRAD_LEFT_STRIDES,
+    "grad_right_strides": PLAN_PARAM_GRAD_RIGHT_STRIDES,
+}
+
+
+def plan_params(dtype: int, shape, dim, left, right, x_strides, padding_mode="zeros", halos_only=False,
+                memory_type=None, **strides) -> PlanParams:
+    """The one builder of halo_plan_params_t: dtype a halo_dtype_t, strides
+    in elements; each optional stride field (out_strides, grad_x_strides,
+    left_strides, ...) is set, with its field_mask bit, when given."""
+    if not 1 <= len(shape) <= MAX_DIMS:
+        raise HaloError(ERR_INVALID_ARGUMENT, f"halocp: tensors of 1 to {MAX_DIMS} dims, not {len(shape)}")
+    p = PlanParams()
+    p.dtype, p.ndim, p.dim, p.left, p.right = dtype, len(shape), dim, left, right
+    p.padding = padding_code(padding_mode)
+    p.field_mask = PLAN_PARAM_X_STRIDES | PLAN_PARAM_PADDING
+    # The arrays must outlive the call only: keep them on the struct object.
+    p._keep = [int64_array(shape), int64_array(x_strides)]
+    p.shape, p.x_strides = p._keep
+    for name, value in strides.items():
+        if value is not None:
+            p._keep.append(int64_array(value))
+            setattr(p, name, p._keep[-1])
+            p.field_mask |= _STRIDE_FIELDS[name]
+    if halos_only:
+        p.halos_only = 1
+        p.field_mask |= PLAN_PARAM_HALOS_ONLY
+    if memory_type is not None:
+        p.memory_type = memory_type
+        p.field_mask |= PLAN_PARAM_MEMORY_TYPE
+    return p

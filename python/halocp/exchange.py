@@ -10,60 +10,11 @@ import torch
 from torch import Tensor
 
 from . import _cuda, _inflight, _lib
-from ._comm import communicator, halo_dtype
+from ._comm import communicator, group_token, halo_dtype
+from ._layout import dim_order, empty_in_order, in_strides, padded_shape as _padded_shape, resized as _halo_shape
+from ._layout import strides_in_order
 from ._inflight import Exchange
 from ._lib import HaloError
-
-
-# ------------------------------------------------------------ memory formats
-# Outputs and gradients keep their input's memory format (channels_last,
-# channels_last_3d, any dense permutation): they are allocated in the
-# input's dim order and the plan is told their strides, so the library
-# writes them in place, with no conversion copy.
-
-
-def dim_order(t: Tensor) -> tuple:
-    """t's dims from outermost to innermost in memory when t is dense (its
-    elements fill one block, as a contiguous tensor's do, up to a permutation
-    of the dims: channels_last, a transposed copy); the contiguous order
-    otherwise (a sliced or expanded view), as ``torch.empty_like`` does."""
-    shape, strides = t.shape, t.stride()
-    # torch strides the dims outside an empty one 0: they are outermost. A
-    # dim of size 1 ties with its inner neighbour: it goes inside it, where
-    # torch's formulas for a memory format put it. Other ties keep dim order.
-    outer = float("inf") if t.numel() == 0 else 0
-    order = tuple(sorted(range(t.dim()), key=lambda d: (-(strides[d] or outer), shape[d] == 1)))
-    expected = 1
-    for d in reversed(order):
-        if shape[d] != 1 and strides[d] != expected and not (outer and strides[d] == 0):
-            return tuple(range(t.dim()))
-        expected *= max(shape[d], 1)
-    return order
-
-
-def strides_in_order(shape, order) -> tuple:
-    """The strides of a dense tensor of shape whose dims lie in memory in order."""
-    strides, acc = [0] * len(shape), 1
-    for d in reversed(order):
-        strides[d] = acc
-        acc *= shape[d]
-    return tuple(strides)
-
-
-def _contiguous_strides(shape) -> tuple:
-    return strides_in_order(shape, range(len(shape)))
-
-
-def empty_in_order(shape, order, dtype, device=None) -> Tensor:
-    return torch.empty_strided(tuple(shape), strides_in_order(shape, order), dtype=dtype, device=device)
-
-
-def in_strides(t: Tensor, strides) -> Tensor:
-    """t itself if its memory is laid out by strides (size-1 dims aside),
-    else a copy that is: the layout a plan was made for."""
-    if all(n == 1 or a == b for n, a, b in zip(t.shape, t.stride(), strides)):
-        return t
-    return torch.empty_strided(t.shape, strides, dtype=t.dtype).copy_(t)
 
 
 def _check(x, left, right, dim, what: str):
@@ -86,53 +37,21 @@ def _check(x, left, right, dim, what: str):
     return left, right, dim % nd
 
 
-# torch.nn.Conv3d's padding_mode spellings, and halo_padding_t.
-_PADDING_MODES = {
-    "zeros": _lib.PAD_ZEROS,
-    "replicate": _lib.PAD_REPLICATE,
-    "reflect": _lib.PAD_REFLECT,
-    "circular": _lib.PAD_CIRCULAR,
-}
-
-
-def _padding(mode) -> int:
-    """halo_padding_t of a padding_mode argument."""
-    try:
-        return _PADDING_MODES[mode]
-    except (KeyError, TypeError):
-        raise ValueError(f"halocp: padding_mode {mode!r} is not one of {', '.join(map(repr, _PADDING_MODES))}") from None
+_padding = _lib.padding_code
+# torch.compile's hooks (PyTorch >= 2.4; an older torch compiles nothing and
+# keeps the autograd Functions). The token is evaluated while torch.compile
+# traces, its result a constant of the graph.
+_compiler = getattr(torch, "compiler", None)
+is_compiling = getattr(_compiler, "is_compiling", lambda: False)
+_token = getattr(_compiler, "assume_constant_result", lambda f: f)(group_token)
 
 
 def _params(dtype, shape, dim, left, right, x_strides, out_strides, grad_strides, padding_mode="zeros"):
     """halo_plan_params_t for shard shape; grad_strides: those of grad_out
     and grad_x, or None."""
-    p = _lib.PlanParams()
-    p.dtype = halo_dtype(dtype)
-    p.ndim = len(shape)
-    if not 1 <= p.ndim <= _lib.MAX_DIMS:
-        raise HaloError(_lib.ERR_INVALID_ARGUMENT, f"halocp: tensors of 1 to {_lib.MAX_DIMS} dims, not {len(shape)}")
-    p.dim, p.left, p.right = dim, left, right
-    # The arrays must outlive the call only: keep them on the struct object.
-    p._keep = arrays = [_lib.int64_array(shape), _lib.int64_array(x_strides)]
-    p.shape, p.x_strides = arrays
-    p.field_mask = _lib.PLAN_PARAM_X_STRIDES | _lib.PLAN_PARAM_PADDING
-    p.padding = _padding(padding_mode)
-    if out_strides is not None:
-        arrays.append(_lib.int64_array(out_strides))
-        p.out_strides = arrays[-1]
-        p.field_mask |= _lib.PLAN_PARAM_OUT_STRIDES
-    if grad_strides is not None:
-        go, gx = grad_strides
-        arrays += [_lib.int64_array(go), _lib.int64_array(gx)]
-        p.grad_out_strides, p.grad_x_strides = arrays[-2:]
-        p.field_mask |= _lib.PLAN_PARAM_GRAD_OUT_STRIDES | _lib.PLAN_PARAM_GRAD_X_STRIDES
-    return p
-
-
-def _padded_shape(shape, dim, extra):
-    s = list(shape)
-    s[dim] += extra
-    return s
+    go, gx = grad_strides if grad_strides is not None else (None, None)
+    return _lib.plan_params(halo_dtype(dtype), shape, dim, left, right, x_strides, padding_mode,
+                            out_strides=out_strides, grad_out_strides=go, grad_x_strides=gx)
 
 
 def _plan_out_of_place(x: Tensor, left, right, dim, group, padding_mode):
@@ -157,30 +76,71 @@ def _lookup(group, key, params):
     return comm.plan(key, params)
 
 
+class _Copy:
+    """An out-of-place exchange of one layout, prepared once: its plan and
+    the shapes and strides of its output and of x's gradient (the step's
+    per-call work is then a dict lookup, two allocations and a C call)."""
+
+    __slots__ = ("plan", "out_shape", "out_strides", "x_shape", "x_strides", "dtype")
+
+    def __init__(self, x, left, right, dim, group, padding_mode):
+        order = dim_order(x)
+        self.plan = _plan_out_of_place(x, left, right, dim, group, padding_mode)
+        self.out_shape = _padded_shape(x.shape, dim, left + right)
+        self.out_strides = strides_in_order(self.out_shape, order)
+        self.x_shape, self.x_strides, self.dtype = tuple(x.shape), strides_in_order(x.shape, order), x.dtype
+
+    @staticmethod
+    def of(x, left, right, dim, group, padding_mode) -> "_Copy":
+        """x's prepared exchange on group's communicator. Cached per
+        communicator, beside (not instead of) its plan cache: every rank
+        fills and clears it at the same calls, so plans are still made
+        collectively in step."""
+        comm = communicator(group)
+        key = (x.shape, x.stride(), x.dtype, dim, left, right, padding_mode)
+        call = comm.calls.get(key)
+        if call is None:
+            call = _Copy(x, left, right, dim, group, padding_mode)
+            if len(comm.calls) >= _PREPARED_MAX:
+                comm.calls.clear()
+            comm.calls[key] = call
+        elif comm.dropped:
+            _inflight.settle(comm)
+        return call
+
+    def forward(self, x: Tensor) -> Tensor:
+        out = torch.empty_strided(self.out_shape, self.out_strides, dtype=self.dtype)
+        self.plan.forward(x.data_ptr(), out.data_ptr())
+        return out
+
+    def backward(self, grad_out: Tensor) -> Tensor:
+        grad_out = in_strides(grad_out, self.out_strides)  # the usual gradient already is
+        grad_x = torch.empty_strided(self.x_shape, self.x_strides, dtype=self.dtype)
+        _inflight.settle(self.plan.comm)
+        self.plan.backward(grad_out.data_ptr(), grad_x.data_ptr())
+        return grad_x
+
+
+# Prepared exchanges a communicator keeps (then it starts afresh).
+_PREPARED_MAX = 64
+
+
 def _exchange(x, left, right, dim, group, padding_mode):
     if x.is_neg():  # a lazily negated view: its memory holds -x
         x = x.resolve_neg()
-    plan = _plan_out_of_place(x, left, right, dim, group, padding_mode)
-    out = empty_in_order(_padded_shape(x.shape, dim, left + right), dim_order(x), x.dtype)
-    plan.forward(x.data_ptr(), out.data_ptr())
-    return out, plan
+    call = _Copy.of(x, left, right, dim, group, padding_mode)
+    return call.forward(x), call
 
 
 class _HaloExchange(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, left, right, dim, group, padding_mode):
-        out, ctx.plan = _exchange(x, left, right, dim, group, padding_mode)
-        ctx.shape, ctx.dtype, ctx.order = x.shape, x.dtype, dim_order(x)
+        out, ctx.call = _exchange(x, left, right, dim, group, padding_mode)
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        order = ctx.order
-        grad_out = in_strides(grad_out, strides_in_order(grad_out.shape, order))  # the usual gradient already is
-        grad_x = empty_in_order(ctx.shape, order, ctx.dtype)
-        _inflight.settle(ctx.plan.comm)
-        ctx.plan.backward(grad_out.data_ptr(), grad_x.data_ptr())
-        return grad_x, None, None, None, None, None
+        return ctx.call.backward(grad_out), None, None, None, None, None
 
 
 def cp_halo_exchange(x: Tensor, left_size: int, right_size: int, dim: int, group=None,
@@ -213,6 +173,10 @@ def cp_halo_exchange(x: Tensor, left_size: int, right_size: int, dim: int, group
     """
     left, right, dim = _check(x, left_size, right_size, dim, "x")
     _padding(padding_mode)
+    if is_compiling():
+        if left == 0 and right == 0:
+            return x
+        return torch.ops.halocp.exchange(x, left, right, dim, _token(group), padding_mode)
     if _cuda.wanted(x):
         return _cuda.cp_halo_exchange(x, left, right, dim, group, padding_mode)
     if left == 0 and right == 0:
@@ -283,6 +247,16 @@ def halo_exchange_(padded: Tensor, left_size: int, right_size: int, dim: int, gr
     """
     left, right, dim = _check(padded, left_size, right_size, dim, "padded")
     _padding(padding_mode)
+    if is_compiling():
+        # The out-of-place op on the interior, copied back (see _ops.py).
+        if left == 0 and right == 0:
+            return padded
+        n = padded.shape[dim] - left - right
+        if n < 0:
+            raise HaloError(_lib.ERR_INVALID_ARGUMENT, f"halocp: padded has {padded.shape[dim]} slices along dim "
+                            f"{dim}, fewer than its halos ({left} + {right})")
+        out = torch.ops.halocp.exchange(padded.narrow(dim, left, n), left, right, dim, _token(group), padding_mode)
+        return padded.copy_(out)
     if _cuda.wanted(padded):
         return _cuda.halo_exchange_(padded, left, right, dim, group, padding_mode)
     if left == 0 and right == 0:
@@ -305,15 +279,14 @@ def _recording(t: Tensor) -> bool:
 class _HaloExchangeDone(_HaloExchange):
     @staticmethod
     def forward(ctx, x, done):
-        # done = (out, plan): out travels outside the tensor arguments so that
+        # done = (out, call): out travels outside the tensor arguments so that
         # it becomes the node's output itself, not a view of an input.
-        out, ctx.plan = done
-        ctx.shape, ctx.dtype, ctx.order = x.shape, x.dtype, dim_order(x)
+        out, ctx.call = done
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        return _HaloExchange.backward(ctx, grad_out)[0], None
+        return ctx.call.backward(grad_out), None
 
 
 class _HaloExchangeInPlaceDone(_HaloExchangeInPlace):
@@ -353,15 +326,15 @@ def cp_halo_exchange_start(x: Tensor, left_size: int, right_size: int, dim: int,
         return _finished(x)
     if x.is_neg():
         x = x.resolve_neg()
-    plan = _plan_out_of_place(x, left, right, dim, group, padding_mode)
-    out = empty_in_order(_padded_shape(x.shape, dim, left + right), dim_order(x), x.dtype)
-    pending = _inflight.start(plan, _inflight.FORWARD, x, out)
+    call = _Copy.of(x, left, right, dim, group, padding_mode)
+    out = torch.empty_strided(call.out_shape, call.out_strides, dtype=x.dtype)
+    pending = _inflight.start(call.plan, _inflight.FORWARD, x, out)
     if not _recording(x):
         return Exchange(pending, lambda: out)
 
     def result():
         with torch.enable_grad():
-            return _HaloExchangeDone.apply(x, (out, plan))
+            return _HaloExchangeDone.apply(x, (out, call))
 
     return Exchange(pending, result)
 
@@ -411,12 +384,6 @@ class _Address:
 # --------------------------------------------------------------- halos only
 
 
-def _halo_shape(shape, dim, k) -> tuple:
-    s = list(shape)
-    s[dim] = k
-    return tuple(s)
-
-
 def plan_halos(x: Tensor, left, right, dim, group, grad_strides=None, padding_mode="zeros"):
     """The halos-only plan of x's layout (made collectively on a miss).
 
@@ -431,15 +398,10 @@ def plan_halos(x: Tensor, left, right, dim, group, grad_strides=None, padding_mo
         grad_strides = halo_strides + (strides_in_order(shape, order),)
 
     def params():
-        p = _params(x.dtype, shape, dim, left, right, strides, None, None, padding_mode)
-        p.halos_only = 1
-        arrays = [_lib.int64_array(s) for s in halo_strides + tuple(grad_strides)]
-        p._keep += arrays
-        p.left_strides, p.right_strides, p.grad_left_strides, p.grad_right_strides, p.grad_x_strides = arrays
-        p.field_mask |= (_lib.PLAN_PARAM_HALOS_ONLY | _lib.PLAN_PARAM_LEFT_STRIDES | _lib.PLAN_PARAM_RIGHT_STRIDES
-                         | _lib.PLAN_PARAM_GRAD_LEFT_STRIDES | _lib.PLAN_PARAM_GRAD_RIGHT_STRIDES
-                         | _lib.PLAN_PARAM_GRAD_X_STRIDES)
-        return p
+        gl, gr, gx = grad_strides
+        return _lib.plan_params(halo_dtype(x.dtype), shape, dim, left, right, strides, padding_mode, halos_only=True,
+                                left_strides=halo_strides[0], right_strides=halo_strides[1],
+                                grad_left_strides=gl, grad_right_strides=gr, grad_x_strides=gx)
 
     return _lookup(group, ("halos", x.dtype, dim, left, right, shape, strides, tuple(grad_strides), padding_mode), params)
 
@@ -500,6 +462,8 @@ def halos(x: Tensor, left_size: int, right_size: int, dim: int, group=None,
     """
     left, right, dim = _check(x, left_size, right_size, dim, "x")
     _padding(padding_mode)
+    if is_compiling():
+        return torch.ops.halocp.halos(x, left, right, dim, _token(group), padding_mode)
     if _cuda.wanted(x):
         return _cuda.halos(x, left, right, dim, group, padding_mode)
     if x.is_neg():

@@ -16,10 +16,10 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from . import _inflight, _lib
+from . import _cuda, _inflight, _lib
 from ._lib import HaloError
-from .exchange import (_contiguous_strides, _empty_halos, cp_halo_exchange, dim_order, empty_in_order, halos,
-                       in_strides, plan_halos, strides_in_order)
+from ._layout import contiguous_strides as _contiguous_strides, dim_order, empty_in_order, in_strides, strides_in_order
+from .exchange import _empty_halos, cp_halo_exchange, halos, is_compiling, plan_halos
 from .tiles import TileGrid
 
 __all__ = ["CausalConv3d", "CenteredConv3d", "TiledConv2d", "TiledConv3d"]
@@ -332,7 +332,9 @@ def _sharded_conv(layer, x, pads, sharded):
     if mode == "zeros" and all(l == r for l, r in local):
         conv_padding = [l for l, _ in local]
     elif any(l or r for l, r in local):
-        x = F.pad(x, [p for l, r in reversed(local) for p in (l, r)], "constant" if mode == "zeros" else mode)
+        # torch pads an empty tensor only with a constant (and an empty shard has no values to pad with).
+        constant = mode == "zeros" or x.numel() == 0
+        x = F.pad(x, [p for l, r in reversed(local) for p in (l, r)], "constant" if constant else mode)
     windows, out_shape = [], [x.shape[0], layer.out_channels]
     for i in range(nsp):
         k, s, dil = layer.kernel_size[i], layer.stride[i], layer.dilation[i]
@@ -415,7 +417,15 @@ class _ContextParallelConv3d(torch.nn.Conv3d):
             return self.forward(x.unsqueeze(0)).squeeze(0)
         if self.grid is not None:
             return _sharded_conv(self, x, self._pads(), _tiled_dims(self.grid))
-        if self.stride[0] != 1 or self.padding_mode != "zeros":
+        if is_compiling() and self.stride[0] == 1 and self.padding_mode == "zeros":
+            # What torch.compile traces: the exchange's custom op, then torch's
+            # convolution of the padded shard (conv3d with no temporal padding).
+            x = cp_halo_exchange(x, self.left, self.right, 2, self.group)
+            return F.conv3d(x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
+        # The fused path runs host plans on CPU memory: any other tensor (or a
+        # CPU one routed as a GPU's) takes the general path, whose exchanges
+        # dispatch on the device (a CUDA path, or a clear refusal).
+        if self.stride[0] != 1 or self.padding_mode != "zeros" or x.device.type != "cpu" or _cuda.wanted(x):
             return _sharded_conv(self, x, self._pads(), {0: self.group})
         if not halo and x.shape[-3]:  # a kernel one frame long needs no context
             return F.conv3d(x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
@@ -545,3 +555,10 @@ class TiledConv3d(_TiledConv, torch.nn.Conv3d):
         torch.nn.Conv3d.__init__(self, in_channels, out_channels, kernel_size, stride, padding, dilation, groups,
                                  bias, padding_mode, device, dtype)
         self._check_grid(grid, 3)
+
+
+# Layers that live in modules of their own (issue 21), exported here with the others.
+from .norm import GroupNorm  # noqa: E402
+from .transpose import ConvTranspose3d  # noqa: E402
+
+__all__ += ["GroupNorm", "ConvTranspose3d"]

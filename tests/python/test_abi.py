@@ -149,3 +149,13 @@ def test_pyproject_version_is_dynamic():
     p = tomllib.loads((REPO / "python" / "pyproject.toml").read_text())
     assert "version" not in p["project"] and "version" in p["project"].get("dynamic", [])
     assert p["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "halocp.__version__"}
+
+
+def test_plan_calls_are_declared():
+    """Every plan call kind names a function of the header, blocking and
+    started, so a misspelt C name fails here, not at run time."""
+    declared = set(re.findall(r"\b(halo_\w+)\s*\(", HEADER))
+    for call in LIB.Call:
+        for suffix in ("", "_start"):
+            name = LIB._CALL_NAMES[call] + suffix
+            assert name in declared, f"_lib.Call.{call.name}: {name} is not declared in include/halo.h"

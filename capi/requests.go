@@ -1,0 +1,250 @@
+package main
+
+/*
+#include "halo.h"
+*/
+import "C"
+
+import (
+	"errors"
+	"fmt"
+	"unsafe"
+
+	"github.com/halo-cp/halo/comm"
+	"github.com/halo-cp/halo/cuda"
+	"github.com/halo-cp/halo/halo"
+)
+
+// A request is one exchange started by halo_exchange_start: on the calling
+// thread (no stream; the plan's own start, test and wait) or on a stream
+// (the communicator's proxy runs the plan's blocking call in stream order).
+type requestEntry struct {
+	plan   uintptr
+	dir    halo.Direction
+	stream *cuda.Request // nil: a host request
+	ended  bool
+	err    error // the exchange's result, once ended
+}
+
+// end records the result of a host request the first time it is known.
+func (r *requestEntry) end(err error) error {
+	if !r.ended {
+		r.ended, r.err = true, err
+	}
+	return r.err
+}
+
+// classed gives an error of the proxy or the driver a halo class, so that
+// it maps to a result code: an abort is the communicator's failure, a CUDA
+// error the transport's.
+func classed(err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, cuda.ErrAborted):
+		return fmt.Errorf("%w: %v", halo.ErrFailed, err)
+	}
+	for _, c := range halo.Classes {
+		if errors.Is(err, c) {
+			return err
+		}
+	}
+	return fmt.Errorf("%w: CUDA: %v", halo.ErrTransport, err)
+}
+
+func lookupRequest(h uintptr) (*requestEntry, error) {
+	registry.Lock()
+	defer registry.Unlock()
+	if r, ok := registry.requests[h]; ok {
+		return r, nil
+	}
+	return nil, badHandle(h, "request", kindRequest)
+}
+
+// proxyOf returns the communicator's proxy, made on its first stream-ordered
+// exchange, or why there can be none (no CUDA driver).
+func proxyOf(ce *commEntry) (*cuda.Proxy, error) {
+	registry.Lock()
+	defer registry.Unlock()
+	if ce.proxy != nil {
+		return ce.proxy, nil
+	}
+	kind := ce.c.Config().CUDADriver
+	drv, err := cuda.Load(kind)
+	if err != nil {
+		if kind != "cuda" {
+			err = fmt.Errorf("%s=%s: %v", comm.SettingCUDADriver.Env, kind, err)
+		}
+		return nil, invalid("rank %d: a stream was given but %v", ce.c.Config().Rank, err)
+	}
+	if ce.proxy, err = cuda.NewProxy(drv); err != nil {
+		return nil, fmt.Errorf("%w: the stream-ordered proxy (%s driver): %v", halo.ErrTransport, drv.Name(), err)
+	}
+	return ce.proxy, nil
+}
+
+//export haloGoExchangeStart
+func haloGoExchangeStart(h C.uintptr_t, dir C.int, buffers *unsafe.Pointer, count C.size_t, stream unsafe.Pointer,
+	out *C.halo_request_t, eb *C.char, el C.size_t) C.int {
+	return exported(eb, el, func() error {
+		pe, err := lookupPlan(uintptr(h))
+		if err != nil {
+			return err
+		}
+		if out == nil {
+			return invalid("request (the output pointer) is NULL")
+		}
+		specs := pe.p.Specs()
+		call, per := halo.CallForward, 2
+		switch {
+		case halo.Direction(dir) != halo.DirForward && halo.Direction(dir) != halo.DirBackward:
+			return invalid("direction %d is neither HALO_DIR_FORWARD (0) nor HALO_DIR_BACKWARD (1)", int(dir))
+		case specs[0].HalosOnly && halo.Direction(dir) == halo.DirForward:
+			call, per = halo.CallHalosForward, 3
+		case specs[0].HalosOnly:
+			call, per = halo.CallHalosBackward, 3
+		case halo.Direction(dir) == halo.DirBackward:
+			call = halo.CallBackward
+		}
+		if want := per * len(specs); int(count) != want || buffers == nil {
+			form := map[halo.Call]string{halo.CallForward: "x, out", halo.CallBackward: "grad_out, grad_x",
+				halo.CallHalosForward: "x, left, right", halo.CallHalosBackward: "grad_left, grad_right, grad_x"}[call]
+			if buffers == nil {
+				return invalid("buffers is NULL; this plan's exchange takes %d pointers (%s for each of its %d layouts)", want, form, len(specs))
+			}
+			return invalid("count is %d but this plan's exchange takes %d buffers (%s for each of its %d layouts)", int(count), want, form, len(specs))
+		}
+		bufs := append([]unsafe.Pointer(nil), unsafe.Slice(buffers, int(count))...)
+		// Per argument, one pointer per layout, as DoMulti takes them.
+		var args [3][]unsafe.Pointer
+		for k := 0; k < per; k++ {
+			for l := range specs {
+				args[k] = append(args[k], bufs[l*per+k])
+			}
+		}
+		run := func(wait bool) error {
+			if len(specs) == 1 {
+				var a2 unsafe.Pointer
+				if per == 3 {
+					a2 = args[2][0]
+				}
+				return pe.p.Do(call, wait, args[0][0], args[1][0], a2)
+			}
+			return pe.p.DoMulti(call, wait, args[0], args[1], args[2])
+		}
+		r := &requestEntry{plan: uintptr(h), dir: halo.Direction(dir)}
+		if stream == nil {
+			if err := run(false); err != nil {
+				return err
+			}
+		} else {
+			ce, err := lookupComm(pe.comm)
+			if err != nil {
+				return err
+			}
+			px, err := proxyOf(ce)
+			if err != nil {
+				return err
+			}
+			if r.stream, err = px.Start(cuda.Stream(uintptr(stream)), func() error { return run(true) }); err != nil {
+				return invalid("rank %d: stream %p: %v", ce.c.Config().Rank, stream, err)
+			}
+		}
+		registry.Lock()
+		rh := newHandle(kindRequest)
+		registry.requests[rh] = r
+		registry.Unlock()
+		*out = *(*C.halo_request_t)(unsafe.Pointer(&rh)) // a number, never dereferenced
+		return nil
+	})
+}
+
+//export haloGoRequestTest
+func haloGoRequestTest(h C.uintptr_t, done *C.int, eb *C.char, el C.size_t) C.int {
+	return exported(eb, el, func() error {
+		r, err := lookupRequest(uintptr(h))
+		if err != nil {
+			return err
+		}
+		if done == nil {
+			return invalid("done (the output pointer) is NULL")
+		}
+		ok, err := r.test()
+		*done = 0
+		if ok {
+			*done = 1
+		}
+		return err
+	})
+}
+
+func (r *requestEntry) test() (bool, error) {
+	if r.ended {
+		return true, r.err
+	}
+	if r.stream != nil {
+		ok, err := r.stream.Test()
+		if ok {
+			return true, r.end(classed(err))
+		}
+		return false, nil
+	}
+	pe, err := lookupPlan(r.plan)
+	if err != nil {
+		return true, r.end(fmt.Errorf("%w: the request's plan was destroyed while its exchange was in flight", halo.ErrState))
+	}
+	ok, err := pe.p.Test(r.dir)
+	if ok || err != nil {
+		return true, r.end(err)
+	}
+	return false, nil
+}
+
+//export haloGoRequestWait
+func haloGoRequestWait(h C.uintptr_t, stream unsafe.Pointer, eb *C.char, el C.size_t) C.int {
+	return exported(eb, el, func() error {
+		r, err := lookupRequest(uintptr(h))
+		if err != nil {
+			return err
+		}
+		if stream != nil {
+			if r.stream == nil {
+				return invalid("stream %p: this request was started without a stream; wait for it with stream NULL", stream)
+			}
+			return classed(r.stream.WaitOn(cuda.Stream(uintptr(stream))))
+		}
+		if r.ended {
+			return r.err
+		}
+		if r.stream != nil {
+			return r.end(classed(r.stream.Wait()))
+		}
+		pe, err := lookupPlan(r.plan)
+		if err != nil {
+			return r.end(fmt.Errorf("%w: the request's plan was destroyed while its exchange was in flight", halo.ErrState))
+		}
+		return r.end(pe.p.Wait(r.dir))
+	})
+}
+
+//export haloGoRequestFree
+func haloGoRequestFree(h C.uintptr_t, eb *C.char, el C.size_t) C.int {
+	return exported(eb, el, func() error {
+		r, err := lookupRequest(uintptr(h))
+		if err != nil {
+			return err
+		}
+		if ok, _ := r.test(); !ok {
+			return fmt.Errorf("%w: the request's exchange has not ended (wait for it first)", halo.ErrState)
+		}
+		if r.stream != nil {
+			if err := r.stream.Free(); err != nil && !errors.Is(err, cuda.ErrNotDone) {
+				return err
+			}
+		}
+		registry.Lock()
+		delete(registry.requests, uintptr(h))
+		registry.Unlock()
+		return nil
+	})
+}

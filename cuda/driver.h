@@ -1,0 +1,22 @@
+// The few CUDA driver calls of stream-ordered exchanges, found with dlopen at
+// run time so that libhalo builds and runs where there is no CUDA. The types
+// are the driver ABI's own (CUresult is int, handles are pointers,
+// CUdeviceptr is 64 bits); cuda.h is not needed to build.
+#ifndef HALO_CUDA_DRIVER_H
+#define HALO_CUDA_DRIVER_H
+#include <stddef.h>
+#include <stdint.h>
+
+// halo_cu_load returns 0 or writes why the driver is unusable into why.
+int halo_cu_load(char *why, size_t n);
+int halo_cu_error(int rc, char *msg, size_t n);
+int halo_cu_ctx_get_current(void **ctx);
+int halo_cu_ctx_set_current(void *ctx);
+int halo_cu_event_create(void **ev);
+int halo_cu_event_record(void *ev, void *stream);
+int halo_cu_event_query(void *ev);
+int halo_cu_event_destroy(void *ev);
+int halo_cu_flag_alloc(void **host, uint64_t *dev);
+int halo_cu_flag_free(void *host);
+int halo_cu_stream_wait_value32(void *stream, uint64_t dev, uint32_t value);
+#endif

@@ -1,0 +1,79 @@
+"""Shapes and memory formats of the tensors an exchange reads and writes.
+
+A leaf: it imports torch and nothing of halocp, so that every other module
+may use it (tests/python/test_imports.py keeps it so).
+
+Outputs and gradients keep their input's memory format (channels_last,
+channels_last_3d, any dense permutation): they are allocated in the input's
+dim order and the plan is told their strides, so the library writes them in
+place, with no conversion copy.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def dim_order(t: Tensor) -> tuple:
+    """t's dims from outermost to innermost in memory when t is dense (its
+    elements fill one block, as a contiguous tensor's do, up to a permutation
+    of the dims: channels_last, a transposed copy); the contiguous order
+    otherwise (a sliced or expanded view), as ``torch.empty_like`` does."""
+    shape, strides = t.shape, t.stride()
+    # torch strides the dims outside an empty one 0: they are outermost. A
+    # dim of size 1 ties with its inner neighbour: it goes inside it, where
+    # torch's formulas for a memory format put it. Other ties keep dim order.
+    outer = float("inf") if t.numel() == 0 else 0
+    order = tuple(sorted(range(t.dim()), key=lambda d: (-(strides[d] or outer), shape[d] == 1)))
+    expected = 1
+    for d in reversed(order):
+        if shape[d] != 1 and strides[d] != expected and not (outer and strides[d] == 0):
+            return tuple(range(t.dim()))
+        expected *= max(shape[d], 1)
+    return order
+
+
+def strides_in_order(shape, order) -> tuple:
+    """The strides of a dense tensor of shape whose dims lie in memory in order."""
+    strides, acc = [0] * len(shape), 1
+    for d in reversed(order):
+        strides[d] = acc
+        acc *= shape[d]
+    return tuple(strides)
+
+
+def contiguous_strides(shape) -> tuple:
+    return strides_in_order(shape, range(len(shape)))
+
+
+def empty_in_order(shape, order, dtype, device=None) -> Tensor:
+    return torch.empty_strided(tuple(shape), strides_in_order(shape, order), dtype=dtype, device=device)
+
+
+def in_strides(t: Tensor, strides) -> Tensor:
+    """t itself if its memory is laid out by strides (size-1 dims aside),
+    else a copy that is: the layout a plan was made for."""
+    if all(n == 1 or a == b for n, a, b in zip(t.shape, t.stride(), strides)):
+        return t
+    return torch.empty_strided(t.shape, strides, dtype=t.dtype, device=t.device).copy_(t)
+
+
+def resized(shape, dim, k) -> tuple:
+    """shape with k slices along dim (a halo's shape)."""
+    s = list(shape)
+    s[dim] = k
+    return tuple(s)
+
+
+def padded_shape(shape, dim, extra) -> tuple:
+    """shape with extra more slices along dim (a padded tensor's shape)."""
+    return resized(shape, dim, shape[dim] + extra)
+
+
+def outermost(shape, dim, **kw) -> Tensor:
+    """An empty tensor of shape whose dim is outermost in memory: a range of
+    slices along dim is one contiguous run."""
+    s = list(shape)
+    n = s.pop(dim)
+    return torch.empty([n] + s, **kw).movedim(0, dim)

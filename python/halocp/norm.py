@@ -1,0 +1,177 @@
+"""GroupNorm over a tensor sharded across a group: the statistics of the
+whole tensor without gathering it.
+
+Forward: each rank reduces its shard to (count, mean, M2) per (sample,
+group) -- M2 the sum of squared deviations from the shard's own mean -- and one all_gather of that small buffer gives every rank
+every rank's triple, which each combines in rank order with Chan's pairwise
+formula. Not sum and sum of squares: E[x^2] - E[x]^2 loses the variance to
+cancellation when the mean is large beside the spread (in float32, all of it
+once |mean|/std passes about 3000), where Chan's update keeps float32's
+precision. An all_gather rather than an all_reduce because Chan's update is
+not a sum; the buffer is world x 3 x N x G float64 numbers either way, and
+every rank then runs the same arithmetic on the same numbers in the same
+order: the same bits on every rank and from run to run.
+
+Backward: the input gradient needs two more sums over the whole group of
+elements, of dxhat and of dxhat * xhat (xhat the normalised input, dxhat its
+gradient); both go in one all_reduce of a 2 x N x G buffer. Weight and bias
+gradients are per rank, as for halocp.nn's convolutions: sum them over the
+group (DDP and FSDP do).
+
+float16 and bfloat16 inputs are normalised in float32, as torch does; the
+output and gradients come back in the input's dtype.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from . import _lib
+from ._lib import HaloError
+from ._sharding import world_and_rank
+
+__all__ = ["GroupNorm"]
+
+
+def _compute_dtype(dtype):
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+def _per_channel(t, channels):
+    """(N, G) -> (N, C): each group's value for each of its channels."""
+    return t.repeat_interleave(channels // t.shape[1], 1)
+
+
+def _broadcast(t, ndim):
+    """(N, C) -> (N, C, 1, ...) against an ndim-d activation."""
+    return t.view(t.shape + (1,) * (ndim - 2))
+
+
+def _global_statistics(x, groups, group):
+    """(mean, M2, count) of each (sample, group) over every rank's shard."""
+    n_batch = x.shape[0]
+    acc = _compute_dtype(x.dtype)
+    xg = x.reshape(n_batch, groups, -1)  # a view unless x is not contiguous (a local copy then)
+    count = xg.shape[2]
+    if count:
+        # Two passes, the second over deviations from the shard's mean (torch's
+        # var_mean is as exact but, on CPU, ten times slower here).
+        xg = xg.to(acc)
+        mean = xg.mean(2, keepdim=True)
+        m2 = (xg - mean).square_().sum(2)
+        mean = mean.squeeze(2).double()  # in float64 from here: and the count exact past 2^24
+        mine = torch.stack([torch.full_like(mean, count), mean, m2.double()])
+    else:  # an empty shard: no samples, nothing to add
+        mine = torch.zeros(3, n_batch, groups, dtype=torch.float64, device=x.device)
+    world, _ = world_and_rank(group)
+    if world == 1:
+        return mine[1], mine[2], mine[0]
+    every = [torch.empty_like(mine) for _ in range(world)]
+    dist.all_gather(every, mine.contiguous(), group=group)
+    n, mean, m2 = every[0]
+    for other in every[1:]:  # Chan et al.'s pairwise update, in rank order
+        n_b, mean_b, m2_b = other
+        total = n + n_b
+        frac = torch.where(total > 0, n_b / total.clamp(min=1), 0)
+        delta = mean_b - mean
+        mean = mean + delta * frac
+        m2 = m2 + m2_b + delta * delta * n * frac
+        n = total
+    return mean, m2, n
+
+
+class _GroupNorm(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, groups, eps, group):
+        acc = _compute_dtype(x.dtype)
+        mean, m2, count = _global_statistics(x, groups, group)
+        rstd = (m2 / count + eps).rsqrt().to(acc)
+        mean = mean.to(acc)
+        channels = x.shape[1]
+        scale = _per_channel(rstd, channels)
+        if weight is not None:
+            scale = scale * weight.to(acc)
+        shift = -_per_channel(mean, channels) * scale
+        if bias is not None:
+            shift = shift + bias.to(acc)
+        # y = x * scale + shift, in the compute dtype, in x's memory format.
+        y = torch.addcmul(_broadcast(shift, x.dim()), x.to(acc), _broadcast(scale, x.dim())).to(x.dtype)
+        ctx.save_for_backward(x, weight, mean, rstd)
+        ctx.count, ctx.group = count.to(acc), group
+        return y
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight, mean, rstd = ctx.saved_tensors
+        need_x, need_w, need_b = ctx.needs_input_grad[:3]
+        acc = rstd.dtype
+        n_batch, channels = x.shape[:2]
+        groups = rstd.shape[1]
+        xf, gf = x.reshape(n_batch, channels, -1).to(acc), grad.reshape(n_batch, channels, -1).to(acc)
+        db = gf.sum(2)  # per (sample, channel): sum dy and sum dy * x, local
+        ds = torch.einsum("ncm,ncm->nc", gf, xf)  # dot products: no temporary, 2x faster than (gf * xf).sum(2)
+        mean_c, rstd_c = _per_channel(mean, channels), _per_channel(rstd, channels)
+        dxhat_xhat_c = (ds - mean_c * db) * rstd_c  # sum dy * xhat
+        grad_x = grad_w = grad_b = None
+        if need_w:
+            grad_w = dxhat_xhat_c.sum(0).to(weight.dtype)
+        if need_b:
+            grad_b = db.sum(0).to(weight.dtype if weight is not None else x.dtype)
+        if need_x:
+            w = weight.to(acc) if weight is not None else torch.ones(channels, dtype=acc, device=x.device)
+            # The two sums over every rank's elements of each (sample, group), in one buffer.
+            sums = torch.stack([(db * w).view(n_batch, groups, -1).sum(2),
+                                (dxhat_xhat_c * w).view(n_batch, groups, -1).sum(2)])
+            if world_and_rank(ctx.group)[0] > 1:
+                dist.all_reduce(sums, group=ctx.group)
+            sum_dxhat, sum_dxhat_xhat = sums / ctx.count
+            # dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)) = a * dy + b * x + c
+            a = rstd_c * w
+            b = _per_channel(-rstd * rstd * sum_dxhat_xhat, channels)
+            c = _per_channel(rstd * (mean * rstd * sum_dxhat_xhat - sum_dxhat), channels)
+            nd = x.dim()
+            grad_x = (_broadcast(a, nd) * grad.to(acc)).addcmul_(x.to(acc), _broadcast(b, nd))
+            grad_x = grad_x.add_(_broadcast(c, nd)).to(x.dtype)
+        return grad_x, grad_w, grad_b, None, None, None
+
+
+class GroupNorm(torch.nn.GroupNorm):
+    """``torch.nn.GroupNorm`` over an ``(N, C, *)`` activation sharded along
+    ``dim`` (a dim after C: T of a video, say) across ``group``, shards of
+    any length (0 included).
+
+    Every rank's output is its part of torch's GroupNorm over the whole
+    tensor, and so is its input gradient; statistics come from one
+    collective of a few numbers per (sample, group) in the forward and one
+    in the backward, never from the tensor itself (see the module's notes).
+    ``group=None``: the default process group, or one process with the
+    whole tensor when torch.distributed is not initialised; a group of one
+    rank is torch's GroupNorm. Weight and bias gradients are per rank: sum
+    them over the group. Collective: every rank calls it, forward and
+    backward, in the same order as its other collectives.
+    """
+
+    def __init__(self, num_groups, num_channels, eps=1e-5, affine=True, device=None, dtype=None, *, group=None,
+                 dim=2):
+        super().__init__(num_groups, num_channels, eps, affine, device, dtype)
+        if dim < 2:
+            # GroupNorm reduces over every dim but N and C: which of them is
+            # sharded does not change the arithmetic, only N and C would.
+            raise ValueError(f"halocp.nn.GroupNorm: the sharded dim comes after N and C (2 or more), not {dim}")
+        self.group, self.dim = group, dim
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        world, rank = world_and_rank(self.group)
+        if not isinstance(x, torch.Tensor) or x.dim() <= self.dim or x.shape[1] != self.num_channels:
+            what = f"shape {tuple(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__
+            raise HaloError(_lib.ERR_INVALID_ARGUMENT,
+                            f"halocp.nn: GroupNorm on rank {rank} wants (N, C, ...) input with C = "
+                            f"{self.num_channels} and a dim {self.dim} (the sharded one), not {what}")
+        if world == 1:
+            return F.group_norm(x, self.num_groups, self.weight, self.bias, self.eps)
+        return _GroupNorm.apply(x, self.weight, self.bias, self.num_groups, self.eps, self.group)
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + f", sharded dim={self.dim}"

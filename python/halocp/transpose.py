@@ -1,0 +1,136 @@
+"""A transposed 3-d convolution over a time axis sharded across a group: the
+temporal upsampling of a video VAE's decoder.
+
+How the global output is distributed. Along T, with stride s, padding p,
+output padding op, dilation d and kernel K (e = d(K-1)), the whole output
+has Lout = (T-1)s - 2p + e + op + 1 frames. The rank whose shard holds
+input frames [a, a+n) holds output frames [a*s, (a+n)*s): the frames "above"
+its inputs, n*s of them; the last rank also holds every frame past the
+others' (Lout - a*s in all), and ranges are clipped to [0, Lout). So
+upsampling by s maps every shard of n frames to n*s, and an encoder's
+temporal stride s maps it back (halocp.nn.CausalConv3d gives output j to the
+rank holding input j*s).
+
+How it is computed. Input frame i contributes to output frames
+i*s - p .. i*s - p + e. A rank's local transposed convolution with no
+temporal padding covers output frames a*s - p .. (a+n)*s - p + e - s + 1,
+that is p frames before its own range and R = max(e + 1 - s - p, 0) after
+it: those belong to the ranks around it (or to no rank: the crop at the
+ends). They are sent and added there by halocp.cp_halo_sum, the halo
+exchange's backward; the backward of the whole layer is autograd's, the
+exchange's forward in place of the sum. Weight and bias gradients are per
+rank, as for halocp.nn's convolutions: sum them over the group.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from . import _lib
+from ._lib import HaloError
+from ._sharding import disagreement, distributed, shard_table, world_and_rank
+from .halo_sum import cp_halo_sum
+
+__all__ = ["ConvTranspose3d"]
+
+# The shard table's columns: the length, then what every rank must agree on.
+_AGREED = {1: "kernel", 2: "stride", 3: "padding", 4: "output_padding", 5: "dilation", 6: "in_channels",
+           7: "out_channels"}
+
+
+class ConvTranspose3d(torch.nn.ConvTranspose3d):
+    """``torch.nn.ConvTranspose3d`` over an ``(N, C, T, H, W)`` input (or
+    unbatched ``(C, T, H, W)``) whose T is sharded across ``group``, in rank
+    order, shards of any length (0 included).
+
+    Every argument is torch's and means what it means there, temporal ones
+    included (stride, padding, output_padding, dilation over T); ``group``
+    is the process group (``None``: the default one, or one process with the
+    whole sequence when torch.distributed is not initialised). The ranks'
+    outputs put together along T are torch's over the whole input, and so
+    are the input gradients; rank r's output holds frames
+    ``[a*s, (a+n)*s)`` of it (a: the frames before its shard, n: its
+    length, s: the temporal stride), the last rank's runs to the end. Each
+    call exchanges one small row per rank (the shard lengths, and the
+    layer's temporal arguments: ranks that disagree all raise
+    ``HaloError(ERR_MISMATCH)``), then one summing exchange of the boundary
+    frames. Only ``padding_mode="zeros"`` (torch's only one).
+    """
+
+    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, output_padding=0, groups=1,
+                 bias=True, dilation=1, padding_mode="zeros", device=None, dtype=None, *, group=None):
+        super().__init__(in_channels, out_channels, kernel_size, stride, padding, output_padding, groups, bias,
+                         dilation, padding_mode, device, dtype)
+        k, s, p, op, d = (self.kernel_size[0], self.stride[0], self.padding[0], self.output_padding[0],
+                          self.dilation[0])
+        if not 0 <= op < max(s, d):  # torch says so only at the first call
+            raise ValueError(f"halocp.nn.ConvTranspose3d: temporal output_padding {op} must be smaller than the "
+                             f"stride ({s}) or the dilation ({d})")
+        self.group = group
+        # The frames a rank's local output has before and after its own.
+        self.left, self.right = p, max(d * (k - 1) + 1 - s - p, 0)
+
+    def forward(self, x: torch.Tensor, output_size=None) -> torch.Tensor:
+        if not distributed(self.group):
+            return super().forward(x, output_size)
+        if output_size is not None:
+            # It would pick output_padding from the whole output's size, which no rank holds.
+            raise ValueError("halocp.nn.ConvTranspose3d: output_size is for one process; give output_padding")
+        if not isinstance(x, torch.Tensor) or x.dim() not in (4, 5) or x.shape[-4] != self.in_channels:
+            what = f"shape {tuple(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__
+            raise HaloError(_lib.ERR_INVALID_ARGUMENT,
+                            f"halocp.nn: ConvTranspose3d on rank {world_and_rank(self.group)[1]} wants "
+                            f"(N, C, T, H, W) input with C = {self.in_channels} (or unbatched), not {what}")
+        if x.dim() == 4:
+            return self.forward(x.unsqueeze(0)).squeeze(0)
+        return _sharded_conv_transpose(self, x)
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + f", temporal halo=({self.left}, {self.right})"
+
+
+def _sharded_conv_transpose(layer, x):
+    k, s, p, op, d = (layer.kernel_size[0], layer.stride[0], layer.padding[0], layer.output_padding[0],
+                      layer.dilation[0])
+    world, rank = world_and_rank(layer.group)
+    n = x.shape[2]
+    table = shard_table([n, k, s, p, op, d, layer.in_channels, layer.out_channels], layer.group, x.device)
+    bad = disagreement(table, _AGREED)
+    if bad:
+        raise HaloError(_lib.ERR_MISMATCH,
+                        f"halocp.nn: ConvTranspose3d: the ranks of the group disagree on the layer ({bad})")
+    lengths = [row[0] for row in table]
+    a, total = sum(lengths[:rank]), sum(lengths)
+    out_len = max((total - 1) * s - 2 * p + d * (k - 1) + op + 1, 0)
+    start = min(a * s, out_len)
+    end = out_len if rank == world - 1 else min((a + n) * s, out_len)
+    left, right = layer.left, layer.right
+
+    # No temporal padding or output padding: the crop at the ends is the exchange's.
+    local = dict(stride=layer.stride, padding=(0,) + layer.padding[1:],
+                 output_padding=(0,) + layer.output_padding[1:], groups=layer.groups, dilation=layer.dilation)
+    if n:
+        z = F.conv_transpose3d(x, layer.weight, None, **local)
+    else:
+        # An empty shard contributes nothing, but its part of the graph must
+        # exist (its backward runs its part of the exchange): one zero frame.
+        z = F.conv_transpose3d(F.pad(x, (0, 0, 0, 0, 0, 1)), layer.weight, None, **local)
+    # z's first frame is output frame a*s - p; the summing exchange wants
+    # the frames [start - p, end + right), cropped or padded with zeros.
+    y = cp_halo_sum(_place(z, a * s - start, left + (end - start) + right), left, right, 2, layer.group)
+    if layer.bias is not None:
+        # In place: the sum's output is new, and no backward needs it.
+        y = y.add_(layer.bias.view(1, -1, 1, 1, 1))
+    return y
+
+
+def _place(z, offset, size):
+    """The frames [0, size) of z shifted ``offset`` frames later along T:
+    z's frames that fall outside are dropped, the frames it does not cover
+    are zeros."""
+    lo = min(offset, size)
+    keep = max(min(offset + z.shape[2], size) - lo, 0)
+    if lo == 0 and keep == z.shape[2] == size:
+        return z
+    return F.pad(z.narrow(2, lo - offset if keep else 0, keep), (0, 0, 0, 0, lo, size - lo - keep))

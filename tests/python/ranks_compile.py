@@ -1,0 +1,99 @@
+"""One rank of the torch.compile tests: a model using every exchange and a
+halocp.nn layer, compiled with fullgraph=True (any graph break is an error)
+through AOTAutograd, against the same model run eagerly. tests/python/
+test_compile.py starts W of them.
+
+    ranks_compile.py SCENARIO...
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch._dynamo.testing import CompileCounterWithBackend
+
+import halocp
+import ranks
+from ranks import expect, expect_bits
+
+
+class _Model(torch.nn.Module):
+    """cp_halo_exchange, halos, halo_exchange_ and CausalConv3d in a row, on
+    the time axis (dim 2) of an (N, C, T, H, W) shard."""
+
+    def __init__(self, group):
+        super().__init__()
+        self.group = group
+        self.conv = halocp.nn.CausalConv3d(3, 4, 3, padding=1, group=group)
+
+    def forward(self, x):
+        y = halocp.cp_halo_exchange(x, 1, 2, 2, self.group)
+        lh, rh = halocp.halos(x * 2, 2, 1, 2, self.group, "replicate")
+        padded = torch.cat([torch.zeros_like(lh), x, torch.zeros_like(rh)], 2)
+        padded = halocp.halo_exchange_(padded, 2, 1, 2, self.group)
+        z = self.conv(x)
+        return y.sum(2) + padded.sum(2) + lh.mean(2) + rh.mean(2), z
+
+
+def _run(model, x):
+    x = x.detach().requires_grad_()
+    out, z = model(x)
+    loss = (out * torch.arange(out.numel(), dtype=out.dtype).reshape(out.shape)).sum() + (z * z).sum()
+    loss.backward()
+    return out.detach(), z.detach(), x.grad, model.conv.weight.grad.clone()
+
+
+def _check(group):
+    torch.manual_seed(3)
+    model = _Model(group)
+    x = torch.randn(2, 3, 4 + ranks.RANK, 5, 4)
+    want = _run(model, x)
+    model.conv.weight.grad = None
+    torch._dynamo.reset()
+    counter = CompileCounterWithBackend("aot_eager")
+    got = _run(torch.compile(model, backend=counter, fullgraph=True), x)
+    expect(counter.frame_count == 1, f"torch.compile made {counter.frame_count} graphs, not 1")
+    expect_bits(got[0], want[0], "compiled exchanges' output against eager")
+    # The compiled layer convolves the padded shard in one call, the eager one
+    # in three pieces (nn.py's fused path): the same sums, in another order.
+    for g, w, what in zip(got[1:], want[1:], ("conv output", "grad_x", "conv grad_weight")):
+        expect(torch.allclose(g, w, rtol=1e-5, atol=1e-5), f"compiled {what} differs from eager")
+    again = _run(torch.compile(model, backend=counter, fullgraph=True), x)  # no recompilation
+    expect(counter.frame_count == 1, f"a second call compiled again ({counter.frame_count} graphs)")
+    expect_bits(again[2], got[2], "the second compiled call's grad_x")
+
+
+def scenario_exchanges_bits():
+    """Without the layer, compiled gradients are the eager ones bit for bit."""
+    torch.manual_seed(5)
+    x = torch.randn(2, 3, 3 + ranks.RANK, 2, 2, dtype=torch.float64)
+
+    def f(x):
+        y = halocp.cp_halo_exchange(x, 2, 1, 2)
+        lh, rh = halocp.halos(x, 1, 3, 2, None, "replicate")
+        padded = halocp.halo_exchange_(torch.cat([torch.zeros_like(lh), x * 3, torch.zeros_like(rh)], 2), 1, 3, 2)
+        return (y * y).sum() + (lh * 3).sum() + (rh * rh).sum() + (padded * padded).sum()
+
+    def grad(fn):
+        xx = x.detach().requires_grad_()
+        fn(xx).backward()
+        return xx.grad
+
+    torch._dynamo.reset()
+    counter = CompileCounterWithBackend("aot_eager")
+    expect_bits(grad(torch.compile(f, backend=counter, fullgraph=True)), grad(f), "compiled grad_x against eager")
+    expect(counter.frame_count == 1, f"torch.compile made {counter.frame_count} graphs, not 1")
+
+
+def scenario_default_group():
+    """group=None: the default group."""
+    _check(None)
+
+
+def scenario_new_group():
+    """An explicit group, passed to the ops by token."""
+    _check(dist.new_group(list(range(ranks.WORLD))))
+
+
+if __name__ == "__main__":
+    ranks.main(globals())

@@ -1,0 +1,303 @@
+"""One rank of the tests of issue 21: the summing exchange, GroupNorm across
+ranks, the context-parallel ConvTranspose3d and a causal video VAE's encoder
+and decoder blocks; tests/python/vae_layers.py starts W of them (helpers and
+the exchange's oracle are ranks.py's).
+
+    ranks_vae.py SCENARIO...
+
+Every check compares a rank's part with the same module run by torch on the
+whole tensor, which every rank builds from the same seed.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import halocp
+import ranks
+from ranks import expect, expect_bits, offsets, oracle_backward, oracle_forward, random_values
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples" / "python"))
+
+# Shard lengths along T for each world size: uneven, empty shards, shards
+# shorter than the layers' halos.
+SPLITS = {1: [[5], [2]], 2: [[3, 6], [0, 4], [5, 1]], 3: [[2, 0, 5], [4, 1, 3]], 4: [[1, 3, 0, 4], [3, 2, 2, 1]]}
+
+
+def splits():
+    return SPLITS[ranks.WORLD]
+
+
+def shard(t, lengths, dim=2):
+    return t.narrow(dim, offsets(lengths)[ranks.RANK], lengths[ranks.RANK])
+
+
+def summed(t):
+    """A per-rank weight or bias gradient summed over the group."""
+    t = t.clone()
+    dist.all_reduce(t)
+    return t
+
+
+def close(got, want, tol, what):
+    if got.shape != want.shape:
+        raise ranks.Failure(f"{what}: shape {tuple(got.shape)} != {tuple(want.shape)}")
+    err = (got.double() - want.double()).abs().max().item() if got.numel() else 0.0
+    scale = max(want.double().abs().max().item() if want.numel() else 0.0, 1.0)
+    expect(err <= tol * scale, f"{what}: max error {err:.3g} > {tol:g} x {scale:.3g}")
+
+
+# ------------------------------------------------------------- cp_halo_sum
+
+
+def scenario_halo_sum():
+    """cp_halo_sum is the exchange's backward, bit for bit (the oracle of
+    ranks.py), multi-hop and with empty shards; its backward is the exchange.
+    Then the path of CUDA tensors, with CPU tensors through the staging code."""
+    check_halo_sum(((1, 2), (0, 3), (2, 0), (4, 1)))
+    with halocp._cuda.stage_cpu():
+        check_halo_sum(((1, 2),))
+    ranks.raises(lambda: halocp.cp_halo_sum(torch.zeros(2, 3, 2, 4), 2, 1, 2), halocp.ERR_INVALID_ARGUMENT,
+                 "a y shorter than its halos")
+
+
+def check_halo_sum(halos):
+    gen = torch.Generator().manual_seed(7)
+    for lengths in splits():
+        for left, right in halos:
+            ys = [random_values((2, 3, n + left + right, 4), torch.float32, gen) for n in lengths]
+            y = ys[ranks.RANK].clone().requires_grad_()
+            out = halocp.cp_halo_sum(y, left, right, 2)
+            what = f"cp_halo_sum L={left} R={right} shards {lengths}"
+            expect_bits(out.detach(), oracle_backward(ys, lengths, ranks.RANK, left, right, 2), what)
+            gs = [random_values((2, 3, n, 4), torch.float32, gen) for n in lengths]
+            out.backward(gs[ranks.RANK])
+            expect_bits(y.grad, oracle_forward(gs, ranks.RANK, left, right, 2), what + ": backward")
+
+
+# --------------------------------------------------------------- GroupNorm
+
+
+class _LargestAllocation(TorchDispatchMode):
+    """The most elements any op's output had (every allocation torch makes
+    for a tensor is some op's output), and the collectives run."""
+
+    def __init__(self):
+        super().__init__()
+        self.largest = 0
+        self.collectives = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.namespace == "c10d":
+            self.collectives.append(func.__name__.split(".")[0])
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor):
+                self.largest = max(self.largest, t.numel())
+        return out
+
+
+# dtype -> (tolerance relative to the reference's largest value, offset of
+# the data's mean): the reference is torch's GroupNorm in float64. A mean
+# far from 0 beside a spread of 1 is what a naive E[x^2] - E[x]^2 gets wrong.
+NORM_CASES = [(torch.float32, 2e-5, 0.0), (torch.float32, 2e-4, 500.0), (torch.float64, 1e-12, 0.0),
+              (torch.bfloat16, 3e-2, 0.0), (torch.float16, 5e-3, 3.0)]
+
+
+def scenario_groupnorm():
+    """halocp.nn.GroupNorm == torch.nn.GroupNorm on the whole tensor: the
+    output, the input gradient and the weight and bias gradients summed
+    over ranks; the statistics are the same bits on every rank; no op
+    allocates more than the shard."""
+    for lengths in splits():
+        for i, (dtype, tol, offset) in enumerate(NORM_CASES):
+            torch.manual_seed(200 + i)
+            layer = halocp.nn.GroupNorm(3, 6, eps=1e-5)
+            with torch.no_grad():
+                layer.weight.normal_()
+                layer.bias.normal_()
+            full = torch.nn.GroupNorm(3, 6, eps=1e-5, dtype=torch.float64)
+            full.load_state_dict(layer.state_dict())
+            layer.to(dtype)
+            xg = (torch.randn(2, 6, sum(lengths), 3, 4, dtype=torch.float64) + offset).to(dtype)
+            gg = torch.randn(2, 6, sum(lengths), 3, 4, dtype=torch.float64).to(dtype)
+            xg64 = xg.double().clone().requires_grad_()
+            full(xg64).backward(gg.double())
+
+            x = shard(xg, lengths).clone().requires_grad_()
+            with _LargestAllocation() as seen:
+                y = layer(x)
+                forward_collectives = list(seen.collectives)
+                y.backward(shard(gg, lengths))
+            what = f"GroupNorm {dtype} mean {offset} shards {lengths}"
+            expect(y.dtype == dtype and x.grad.dtype == dtype, f"{what}: dtypes {y.dtype}, {x.grad.dtype}")
+            close(y, shard(full(xg64).detach(), lengths), tol, what + ": output")
+            close(x.grad, shard(xg64.grad, lengths), tol, what + ": input grad")
+            close(summed(layer.weight.grad.double()), full.weight.grad, tol, what + ": weight grad")
+            close(summed(layer.bias.grad.double()), full.bias.grad, tol, what + ": bias grad")
+            if ranks.WORLD > 1:
+                backward_collectives = seen.collectives[len(forward_collectives):]
+                expect(forward_collectives == ["allgather_"] and backward_collectives == ["allreduce_"],
+                       f"{what}: collectives {forward_collectives} forward, {backward_collectives} backward")
+            if ranks.WORLD > 1 and xg.numel() > x.numel() and x.numel():
+                expect(seen.largest <= x.numel(), f"{what}: an op allocated {seen.largest} elements, more than "
+                                                  f"the shard's {x.numel()} (the whole tensor has {xg.numel()})")
+    # No affine parameters, a channels_last_3d shard.
+    lengths = splits()[0]
+    layer, full = halocp.nn.GroupNorm(2, 6, affine=False), torch.nn.GroupNorm(2, 6, affine=False)
+    xg = torch.randn(2, 6, sum(lengths), 3, 4, requires_grad=True)
+    gg = torch.randn(2, 6, sum(lengths), 3, 4)
+    yg = full(xg)
+    yg.backward(gg)
+    x = shard(xg.detach(), lengths).contiguous(memory_format=torch.channels_last_3d).requires_grad_()
+    y = layer(x)
+    y.backward(shard(gg, lengths))
+    close(y, shard(yg.detach(), lengths), 2e-5, "GroupNorm without affine, channels_last_3d: output")
+    close(x.grad, shard(xg.grad, lengths), 2e-5, "GroupNorm without affine, channels_last_3d: input grad")
+    # The statistics every rank uses: the same bits everywhere. And the same
+    # bits from run to run, forward and backward.
+    from halocp.norm import _global_statistics
+    x = torch.randn(2, 6, splits()[0][ranks.RANK], 3, 4) * 3 + 1
+    stats = torch.stack(_global_statistics(x, 3, None))
+    for other in ranks.gather(stats):
+        expect_bits(other, stats, "the statistics of another rank")
+    layer = halocp.nn.GroupNorm(3, 6)
+    runs = []
+    for _ in range(2):
+        xr = x.clone().requires_grad_()
+        y = layer(xr)
+        y.backward(torch.ones_like(y) + torch.arange(y.shape[2]).view(1, 1, -1, 1, 1))
+        runs.append((y.detach(), xr.grad))
+    expect_bits(runs[1][0], runs[0][0], "GroupNorm's output, run twice")
+    expect_bits(runs[1][1], runs[0][1], "GroupNorm's input gradient, run twice")
+    layer = halocp.nn.GroupNorm(3, 6)
+    ranks.raises(lambda: layer(torch.zeros(2, 4, 3, 3)), halocp.ERR_INVALID_ARGUMENT, "a GroupNorm of the wrong C")
+
+
+# ----------------------------------------------------------- ConvTranspose3d
+
+# (kernel, stride, padding, output_padding, dilation, groups): temporal
+# first; some with spatial arguments of their own.
+TRANSPOSE_CASES = [
+    dict(kernel_size=(4, 3, 3), stride=(2, 1, 1), padding=(1, 1, 1)),  # the decoders' x2 upsampling
+    dict(kernel_size=3, stride=2, padding=1, output_padding=1),
+    dict(kernel_size=(3, 2, 3), stride=(2, 2, 1), padding=(1, 0, 1), output_padding=(0, 1, 0)),  # one frame short
+    dict(kernel_size=(5, 1, 1), stride=(1, 1, 1), padding=(0, 0, 0)),  # 4 frames go right: several hops
+    dict(kernel_size=(5, 3, 1), stride=(3, 1, 1), padding=(3, 1, 0), output_padding=(2, 0, 0)),
+    dict(kernel_size=(3, 1, 1), stride=(2, 1, 1), dilation=(2, 1, 1), groups=2),
+    dict(kernel_size=(2, 1, 1), stride=(2, 1, 1)),  # no overlap, no exchange
+    dict(kernel_size=(1, 1, 1), stride=(3, 1, 1), output_padding=(2, 0, 0)),  # gaps between the frames
+]
+
+
+def transposed_range(lengths, rank, s, out_len):
+    """The output frames rank holds: [a*s, (a+n)*s), the last rank's to the
+    end, clipped to the output."""
+    a = offsets(lengths)[rank]
+    start = min(a * s, out_len)
+    end = out_len if rank == len(lengths) - 1 else min((a + lengths[rank]) * s, out_len)
+    return start, end - start
+
+
+def scenario_transpose():
+    """halocp.nn.ConvTranspose3d == torch.nn.ConvTranspose3d on the whole
+    tensor: outputs, input gradients, weight and bias gradients summed."""
+    for lengths in splits():
+        for i, kw in enumerate(TRANSPOSE_CASES):
+            dtypes = ((torch.float64, 1e-12),) + (((torch.float32, 1e-5), (torch.bfloat16, 3e-2)) if i < 2 else ())
+            for dtype, tol in dtypes:
+                torch.manual_seed(300 + i)
+                layer = halocp.nn.ConvTranspose3d(4, 6, dtype=dtype, **kw)
+                full = torch.nn.ConvTranspose3d(4, 6, dtype=dtype, **kw)
+                full.load_state_dict(layer.state_dict())
+                xg = torch.randn(2, 4, sum(lengths), 3, 4, dtype=dtype, requires_grad=True)
+                yg = full(xg)
+                gg = torch.randn_like(yg)
+                yg.backward(gg)
+
+                x = shard(xg.detach(), lengths).clone().requires_grad_()
+                y = layer(x)
+                start, count = transposed_range(lengths, ranks.RANK, layer.stride[0], yg.shape[2])
+                y.backward(gg.narrow(2, start, count))
+                what = f"{layer} {dtype} shards {lengths}"
+                close(y, yg.detach().narrow(2, start, count), tol, what + ": output")
+                close(x.grad, shard(xg.grad, lengths), tol, what + ": input grad")
+                close(summed(layer.weight.grad), full.weight.grad, tol, what + ": weight grad")
+                close(summed(layer.bias.grad), full.bias.grad, tol, what + ": bias grad")
+    if ranks.WORLD > 1:  # ranks that disagree on the layer all say so
+        layer = halocp.nn.ConvTranspose3d(2, 2, 3, stride=2 + (ranks.RANK == ranks.WORLD - 1))
+        msg = ranks.raises(lambda: layer(torch.randn(1, 2, 2, 3, 3)), halocp.ERR_MISMATCH, "strides that differ")
+        expect(f"rank {ranks.WORLD - 1}: kernel 3, stride 3" in msg, f"the message: {msg}")
+
+
+def scenario_subgroups():
+    """DP x CP: at W = 4, groups [0, 1] and [2, 3] each run GroupNorm and
+    ConvTranspose3d on their own clip, at once (shard lengths by group rank)."""
+    if ranks.WORLD != 4:
+        return
+    pairs = [dist.new_group([0, 1]), dist.new_group([2, 3])]  # collective: every rank makes both
+    pair, me = ranks.RANK // 2, ranks.RANK % 2
+    group = pairs[pair]
+    lengths = [[2, 5], [4, 1]][pair]
+    a, n = sum(lengths[:me]), lengths[me]
+    torch.manual_seed(500 + pair)  # each pair its own weights and clip
+    norm, conv = halocp.nn.GroupNorm(2, 4, group=group), halocp.nn.ConvTranspose3d(4, 3, 4, stride=2, padding=1,
+                                                                                     group=group)
+    full_norm, full_conv = torch.nn.GroupNorm(2, 4), torch.nn.ConvTranspose3d(4, 3, 4, stride=2, padding=1)
+    full_norm.load_state_dict(norm.state_dict())
+    full_conv.load_state_dict(conv.state_dict())
+    xg = torch.randn(1, 4, sum(lengths), 3, 3, requires_grad=True)
+    yg = full_conv(full_norm(xg))
+    gg = torch.randn_like(yg)
+    yg.backward(gg)
+    x = xg.detach().narrow(2, a, n).clone().requires_grad_()
+    y = conv(norm(x))
+    y.backward(gg.narrow(2, 2 * a, 2 * n))
+    what = f"group {pair} rank {me}"
+    close(y, yg.detach().narrow(2, 2 * a, 2 * n), 1e-5, what + ": output")
+    close(x.grad, xg.grad.narrow(2, a, n), 1e-5, what + ": input grad")
+
+
+# ---------------------------------------------------------- the VAE blocks
+
+
+def scenario_vae():
+    """The example's causal encoder and decoder blocks, sharded, == the same
+    blocks on one process: outputs and every gradient."""
+    import vae_block
+
+    lengths = {1: [7], 2: [3, 6], 3: [4, 1, 4], 4: [3, 2, 0, 4]}[ranks.WORLD]
+    for i, padding_mode in enumerate(("replicate", "zeros")):
+        torch.manual_seed(400 + i)
+        whole = vae_block.VAEBlocks(4, 8, padding_mode=padding_mode).double()
+        sharded = vae_block.VAEBlocks(4, 8, padding_mode=padding_mode, group=dist.group.WORLD).double()
+        sharded.load_state_dict(whole.state_dict())
+        xg = torch.randn(1, 4, sum(lengths), 6, 6, dtype=torch.float64, requires_grad=True)
+        latent_g, yg = whole(xg)
+        gl, gy = torch.randn_like(latent_g), torch.randn_like(yg)
+        torch.autograd.backward((latent_g, yg), (gl, gy))
+
+        x = shard(xg.detach(), lengths).clone().requires_grad_()
+        latent, y = sharded(x)
+        # The encoder's stride-2 conv gives output j to the rank holding
+        # input 2j; the decoder maps a shard of m latent frames to 2m.
+        lat_len = [len(range(-(-a // 2), -(-(a + n) // 2))) for a, n in zip(offsets(lengths), lengths)]
+        lat_g = shard(latent_g.detach(), lat_len)
+        out_len = [2 * m for m in lat_len]
+        torch.autograd.backward((latent, y), (shard(gl, lat_len), shard(gy, out_len)))
+        what = f"VAE blocks ({padding_mode}) shards {lengths}"
+        tol = 1e-10
+        close(latent, lat_g, tol, what + ": latent")
+        close(y, shard(yg.detach(), out_len), tol, what + ": decoded")
+        close(x.grad, shard(xg.grad, lengths), tol, what + ": input grad")
+        for (name, p), q in zip(sharded.named_parameters(), whole.parameters()):
+            close(summed(p.grad), q.grad, tol, f"{what}: grad of {name}")
+
+
+if __name__ == "__main__":
+    ranks.main(globals())
