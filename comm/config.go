@@ -3,7 +3,6 @@ package comm
 import (
 	"fmt"
 	"net"
-	"os"
 	"time"
 
 	"github.com/halo-cp/halo/halo"
@@ -30,8 +29,11 @@ type Config struct {
 	Attempt          string        // SettingJobAttempt
 	Timeout          time.Duration // every exchange wait; SettingTimeout
 	BootstrapTimeout time.Duration // the rendezvous; SettingBootstrapTimeout
-	Transfer         halo.Transfer // SettingTransfer
-	CUDADriver       string        // "cuda" or "host-fake"; SettingCUDADriver
+	// TimeoutFrom says where Timeout came from (the parameter, the
+	// environment or the default), for the message of a wait that ran out.
+	TimeoutFrom string
+	Transfer    halo.Transfer // SettingTransfer
+	CUDADriver  string        // "cuda" or "host-fake"; SettingCUDADriver
 	// Launch names the launch this rank belongs to in the rendezvous, so
 	// that runs sharing a job id and attempt never meet; "" derives it
 	// from the launcher's environment (launch.go). LaunchDesc says what it
@@ -83,7 +85,15 @@ func (c *Config) fill() error {
 	}
 	// Whether the job is named by the caller, before defaults fill in.
 	named := c.Job != "" || c.Attempt != "" || c.Token != "" ||
-		os.Getenv(SettingJobID.Env) != "" || os.Getenv(SettingJobAttempt.Env) != "" || os.Getenv(SettingToken.Env) != ""
+		Getenv(SettingJobID.Env) != "" || Getenv(SettingJobAttempt.Env) != "" || Getenv(SettingToken.Env) != ""
+	switch {
+	case c.Timeout != 0:
+		c.TimeoutFrom = "the communicator's timeout parameter"
+	case Getenv(SettingTimeout.Env) != "":
+		c.TimeoutFrom = SettingTimeout.Env + " in the environment"
+	default:
+		c.TimeoutFrom = "the default (" + SettingTimeout.Env + " unset)"
+	}
 	for _, err := range []error{
 		fillFrom(&c.Rendezvous, SettingRendezvous, parseString),
 		fillFrom(&c.Token, SettingToken, parseString),
@@ -110,7 +120,7 @@ func (c *Config) fill() error {
 			return fmt.Errorf("%w: rendezvous %s is not on loopback, so a token is required (set %s or the token parameter)", halo.ErrInvalid, c.Rendezvous, SettingToken.Env)
 		}
 		if c.Launch == "" {
-			c.Launch, c.LaunchDesc = launchIdentity(isLoopback(host), named, os.Getenv)
+			c.Launch, c.LaunchDesc = launchIdentity(isLoopback(host), named, Getenv)
 		}
 	}
 	return nil
