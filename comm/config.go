@@ -83,6 +83,8 @@ func (c *Config) fill() error {
 			return fmt.Errorf("%w: timeout %v is negative", halo.ErrInvalid, *d)
 		}
 	}
+	// Whether the job id is the caller's, before the default fills in.
+	jobNamed := c.Job != "" || Getenv(SettingJobID.Env) != ""
 	// Whether the job is named by the caller, before defaults fill in.
 	named := c.Job != "" || c.Attempt != "" || c.Token != "" ||
 		Getenv(SettingJobID.Env) != "" || Getenv(SettingJobAttempt.Env) != "" || Getenv(SettingToken.Env) != ""
@@ -121,6 +123,20 @@ func (c *Config) fill() error {
 		}
 		if c.Launch == "" {
 			c.Launch, c.LaunchDesc = launchIdentity(isLoopback(host), named, Getenv)
+		}
+		// On a rendezvous that other jobs share (a halod serve, or any
+		// address off this host), a job with the default id and no
+		// launcher variables has nothing that tells it from the next such
+		// job: two of them would meet and swap data. Refuse before meeting
+		// anyone, as NCCL's unique id makes crossing impossible.
+		if (c.ExternalServer || !isLoopback(host)) && !jobNamed && c.Launch == "" {
+			where := "is a shared halod serve (" + SettingRendezvousExternal.Env + ")"
+			if !isLoopback(host) {
+				where = "is not on loopback"
+			}
+			return fmt.Errorf("%w: rank %d: the rendezvous %s %s and nothing names this job: set %s to an id "+
+				"that every rank of this job shares and no other job uses, or start the ranks with a launcher "+
+				"(torchrun, mpirun, srun) whose variables name the run", halo.ErrInvalid, c.Rank, c.Rendezvous, where, SettingJobID.Env)
 		}
 	}
 	return nil
