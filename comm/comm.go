@@ -139,7 +139,7 @@ func (c *Comm) connect(addrs [][]byte, class error, from string) error {
 	if err := c.t.Connect(raw); err != nil {
 		return fmt.Errorf("rank %d: connecting: %w", c.cfg.Rank, classify(err))
 	}
-	g, err := halo.NewGroup(wire{c.t}, halo.GroupOptions{Timeout: c.cfg.Timeout, Transfer: c.cfg.Transfer})
+	g, err := halo.NewGroup(wire{c.t, c.cfg.Timeout, c.cfg.TimeoutFrom}, halo.GroupOptions{Timeout: c.cfg.Timeout, Transfer: c.cfg.Transfer})
 	if err != nil {
 		return err
 	}
@@ -208,7 +208,11 @@ func (c *Comm) Close() error {
 // wire adapts ucx.Transport, which knows nothing of halo, to the
 // algorithm's transport interface: the operations are the same type; only the
 // errors are classed on the way up.
-type wire struct{ t *ucx.Transport }
+type wire struct {
+	t           *ucx.Transport
+	deadline    time.Duration // the configured deadline (a wait may get what is left of it)
+	timeoutFrom string        // where the deadline came from, for timeout messages
+}
 
 func (a wire) Rank() int { return a.t.Rank() }
 func (a wire) Size() int { return a.t.Size() }
@@ -221,7 +225,7 @@ func (a wire) Prepare(ops []transport.Op) (transport.Batch, error) {
 	if err != nil {
 		return nil, classify(err)
 	}
-	return wireBatch{b}, nil
+	return wireBatch{b, a.deadline, a.timeoutFrom}, nil
 }
 
 func (a wire) Alloc(n int) (transport.Buffer, error) {
@@ -232,10 +236,22 @@ func (a wire) Alloc(n int) (transport.Buffer, error) {
 	return b, nil
 }
 
-type wireBatch struct{ b *ucx.Batch }
+type wireBatch struct {
+	b           *ucx.Batch
+	deadline    time.Duration
+	timeoutFrom string
+}
 
-func (b wireBatch) Post(bases []uintptr) error       { return classify(b.b.Post(bases)) }
-func (b wireBatch) Wait(timeout time.Duration) error { return classify(b.b.WaitFor(timeout)) }
+func (b wireBatch) Post(bases []uintptr) error { return classify(b.b.Post(bases)) }
+func (b wireBatch) Wait(timeout time.Duration) error {
+	err := classify(b.b.WaitFor(timeout))
+	if errors.Is(err, halo.ErrTimeout) {
+		// Say which deadline ran out and who set it: a value set too late
+		// (or not at all) is the usual surprise.
+		return fmt.Errorf("%w (deadline %v, from %s)", err, b.deadline, b.timeoutFrom)
+	}
+	return err
+}
 func (b wireBatch) Test() (bool, error) {
 	done, err := b.b.Test()
 	return done, classify(err)

@@ -3,7 +3,6 @@ package comm
 import (
 	"fmt"
 	"net"
-	"os"
 	"time"
 
 	"github.com/halo-cp/halo/halo"
@@ -30,8 +29,11 @@ type Config struct {
 	Attempt          string        // SettingJobAttempt
 	Timeout          time.Duration // every exchange wait; SettingTimeout
 	BootstrapTimeout time.Duration // the rendezvous; SettingBootstrapTimeout
-	Transfer         halo.Transfer // SettingTransfer
-	CUDADriver       string        // "cuda" or "host-fake"; SettingCUDADriver
+	// TimeoutFrom says where Timeout came from (the parameter, the
+	// environment or the default), for the message of a wait that ran out.
+	TimeoutFrom string
+	Transfer    halo.Transfer // SettingTransfer
+	CUDADriver  string        // "cuda" or "host-fake"; SettingCUDADriver
 	// Launch names the launch this rank belongs to in the rendezvous, so
 	// that runs sharing a job id and attempt never meet; "" derives it
 	// from the launcher's environment (launch.go). LaunchDesc says what it
@@ -81,9 +83,19 @@ func (c *Config) fill() error {
 			return fmt.Errorf("%w: timeout %v is negative", halo.ErrInvalid, *d)
 		}
 	}
+	// Whether the job id is the caller's, before the default fills in.
+	jobNamed := c.Job != "" || Getenv(SettingJobID.Env) != ""
 	// Whether the job is named by the caller, before defaults fill in.
 	named := c.Job != "" || c.Attempt != "" || c.Token != "" ||
-		os.Getenv(SettingJobID.Env) != "" || os.Getenv(SettingJobAttempt.Env) != "" || os.Getenv(SettingToken.Env) != ""
+		Getenv(SettingJobID.Env) != "" || Getenv(SettingJobAttempt.Env) != "" || Getenv(SettingToken.Env) != ""
+	switch {
+	case c.Timeout != 0:
+		c.TimeoutFrom = "the communicator's timeout parameter"
+	case Getenv(SettingTimeout.Env) != "":
+		c.TimeoutFrom = SettingTimeout.Env + " in the environment"
+	default:
+		c.TimeoutFrom = "the default (" + SettingTimeout.Env + " unset)"
+	}
 	for _, err := range []error{
 		fillFrom(&c.Rendezvous, SettingRendezvous, parseString),
 		fillFrom(&c.Token, SettingToken, parseString),
@@ -110,7 +122,21 @@ func (c *Config) fill() error {
 			return fmt.Errorf("%w: rendezvous %s is not on loopback, so a token is required (set %s or the token parameter)", halo.ErrInvalid, c.Rendezvous, SettingToken.Env)
 		}
 		if c.Launch == "" {
-			c.Launch, c.LaunchDesc = launchIdentity(isLoopback(host), named, os.Getenv)
+			c.Launch, c.LaunchDesc = launchIdentity(isLoopback(host), named, Getenv)
+		}
+		// On a rendezvous that other jobs share (a halod serve, or any
+		// address off this host), a job with the default id and no
+		// launcher variables has nothing that tells it from the next such
+		// job: two of them would meet and swap data. Refuse before meeting
+		// anyone, as NCCL's unique id makes crossing impossible.
+		if (c.ExternalServer || !isLoopback(host)) && !jobNamed && c.Launch == "" {
+			where := "is a shared halod serve (" + SettingRendezvousExternal.Env + ")"
+			if !isLoopback(host) {
+				where = "is not on loopback"
+			}
+			return fmt.Errorf("%w: rank %d: the rendezvous %s %s and nothing names this job: set %s to an id "+
+				"that every rank of this job shares and no other job uses, or start the ranks with a launcher "+
+				"(torchrun, mpirun, srun) whose variables name the run", halo.ErrInvalid, c.Rank, c.Rendezvous, where, SettingJobID.Env)
 		}
 	}
 	return nil

@@ -47,3 +47,42 @@ func TestLaunchIdentity(t *testing.T) {
 		t.Errorf("torchrun default: %q", d)
 	}
 }
+
+// A job on a shared rendezvous with nothing naming it would meet any other
+// such job (issue 24 §1: two token-holding jobs on one halod serve swapped
+// data); it is refused before it meets anyone, and a name or a launcher's
+// variables let it through. One-command runs on loopback stay as they were.
+func TestSharedRendezvousNeedsAJobIdentity(t *testing.T) {
+	saved := Getenv
+	t.Cleanup(func() { Getenv = saved })
+	cases := []struct {
+		name   string
+		env    map[string]string
+		cfg    Config
+		refuse bool
+	}{
+		{"shared serve, token only", map[string]string{"HALO_TOKEN": "t"},
+			Config{Rank: 1, Size: 2, Rendezvous: "127.0.0.1:29700", ExternalServer: true}, true},
+		{"off loopback, token only", map[string]string{"HALO_TOKEN": "t"},
+			Config{Rank: 0, Size: 2, Rendezvous: "198.18.0.1:29700"}, true},
+		{"shared serve, job id set", map[string]string{"HALO_TOKEN": "t", "HALO_JOB_ID": "a"},
+			Config{Rank: 1, Size: 2, Rendezvous: "127.0.0.1:29700", ExternalServer: true}, false},
+		{"shared serve, job id passed", map[string]string{"HALO_TOKEN": "t"},
+			Config{Rank: 1, Size: 2, Rendezvous: "127.0.0.1:29700", ExternalServer: true, Job: "a"}, false},
+		{"shared serve, torchrun", map[string]string{"HALO_TOKEN": "t", "TORCHELASTIC_RUN_ID": "r1"},
+			Config{Rank: 1, Size: 2, Rendezvous: "127.0.0.1:29700", ExternalServer: true}, false},
+		{"loopback, rank 0 hosts", map[string]string{},
+			Config{Rank: 1, Size: 2, Rendezvous: "127.0.0.1:29700"}, false},
+	}
+	for _, c := range cases {
+		Getenv = func(k string) string { return c.env[k] }
+		cfg := c.cfg
+		err := cfg.fill()
+		switch {
+		case c.refuse && (err == nil || !strings.Contains(err.Error(), "HALO_JOB_ID") || !strings.Contains(err.Error(), "rank "+strconv.Itoa(c.cfg.Rank))):
+			t.Errorf("%s: want a refusal naming the rank and HALO_JOB_ID, got %v", c.name, err)
+		case !c.refuse && err != nil:
+			t.Errorf("%s: %v", c.name, err)
+		}
+	}
+}

@@ -89,10 +89,18 @@ func (s Setting) Check(v string) error {
 	return err
 }
 
+// Getenv reads the process environment. Go copies the environment when its
+// runtime starts, so in libhalo.so (loaded into a Python or C++ process that
+// may set variables afterwards, as `os.environ[...] = ...` does) os.Getenv
+// would miss every later change; capi points this at the C library's
+// getenv, so settings are read as the process sees them when a
+// communicator is made.
+var Getenv = os.Getenv
+
 // lookup reads s from the environment through parse; unset or empty
 // gives the default.
 func lookup[T any](s Setting, parse func(string) (T, error)) (T, error) {
-	v := os.Getenv(s.Env)
+	v := Getenv(s.Env)
 	if v == "" {
 		v = s.Default
 	}

@@ -251,7 +251,7 @@ func TestMessagesSayTheirPrefixOnce(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"HALO_RENDEZVOUS=" + closed, "HALO_RENDEZVOUS_EXTERNAL=1"},
+		{[]string{"HALO_RENDEZVOUS=" + closed, "HALO_RENDEZVOUS_EXTERNAL=1", "HALO_JOB_ID=prefix-once"},
 			[]string{"bench", "--rank", "1", "--world-size", "2", "--bootstrap-timeout", "1s"}, "could not reach"},
 		{[]string{"HALO_RENDEZVOUS=192.0.2.1:29700"}, []string{"bench", "--rank", "1", "--world-size", "2"}, "token is required"},
 		{[]string{"HALO_TIMEOUT_MS=soon"}, []string{"bench", "--local", "2"}, "HALO_TIMEOUT_MS"},

@@ -58,6 +58,7 @@ class TileGrid:
         # Every process makes every line of every grid, in one order.
         grids = [None] * dist.get_world_size()
         dist.all_gather_object(grids, (tuple(members), self.shape))
+        _check_agreement(grids)
         self.groups = [None] * len(self.shape)
         for ranks, shape in sorted(set(grids)):
             for i, line in _lines(ranks, shape):
@@ -72,6 +73,24 @@ class TileGrid:
 
     def __repr__(self):
         return f"<halocp.TileGrid {'x'.join(map(str, self.shape))}, rank at {self.coords}>"
+
+
+def _check_agreement(grids) -> None:
+    """Every rank of a group must lay it out on the same grid: ranks that
+    disagree would exchange along different lines and compute on wrong data
+    (or wait for a peer that never comes). Every process sees the whole
+    gather, so every one fails alike, before any group is made or any data
+    moves, naming each rank's grid."""
+    shapes = {}
+    for proc, (members, shape) in enumerate(grids):
+        shapes.setdefault(members, {})[proc] = shape
+    for members, by_proc in sorted(shapes.items()):
+        if len(set(by_proc.values())) > 1:
+            said = ", ".join(f"rank {members.index(p) if p in members else p}: "
+                             f"{'x'.join(map(str, by_proc[p]))}" for p in sorted(by_proc))
+            raise HaloError(_lib.ERR_MISMATCH,
+                            f"halocp: the ranks of one group disagree on its TileGrid ({said}): "
+                            "every rank must pass the same grid shape")
 
 
 def _unravel(index: int, shape) -> tuple:

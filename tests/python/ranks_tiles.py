@@ -321,6 +321,22 @@ def scenario_mismatch():
     expect(y.shape[2] == len(range(-(-4 * R // 2), -(-4 * (R + 1) // 2))), f"output frames {y.shape[2]}")
 
 
+def scenario_grid_mismatch():
+    """Ranks that lay one group out on different grids ((2, 1) on rank 0,
+    (1, 2) on the others) all get ERR_MISMATCH naming every rank's grid,
+    before any data moves; a grid all agree on works afterwards."""
+    R, W = ranks.RANK, ranks.WORLD
+    if W != 2:
+        return
+    shape = (2, 1) if R == 0 else (1, 2)
+    msg = ranks.raises(lambda: halocp.TileGrid(shape), halocp.ERR_MISMATCH, "grids that differ")
+    expect("rank 0: 2x1" in msg and "rank 1: 1x2" in msg, f"the message: {msg}")
+    expect(len(set(gather_strings(msg))) == 1, f"the ranks' messages differ: {msg}")
+    g = halocp.TileGrid((2, 1))
+    y = halocp.tile_halo_exchange(torch.full((1, 2, 3), float(R)), 1, [1, 2], g)
+    expect(y.shape == (1, 4, 5), f"shape {tuple(y.shape)}")
+
+
 def gather_strings(s: str) -> list:
     out = [None] * ranks.WORLD
     dist.all_gather_object(out, s)

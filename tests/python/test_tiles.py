@@ -15,7 +15,7 @@ import pytest
 from launcher import expect_scenario, launch
 
 HERE = Path(__file__).resolve().parent
-SCENARIOS = ["formats", "tiles", "layers", "modes", "mismatch"]
+SCENARIOS = ["formats", "tiles", "layers", "modes", "mismatch", "grid_mismatch"]
 
 
 @pytest.fixture(scope="module", params=[1, 2, 3, 4], ids=lambda w: f"W{w}")
