@@ -36,32 +36,32 @@ class Pending:
     library may still touch. Holds no reference to its handle, so that
     dropping the handle is seen (Exchange.__del__)."""
 
-    __slots__ = ("plan", "direction", "call", "tensors", "finished")
+    __slots__ = ("plan", "direction", "call", "tensors", "request", "finished")
 
-    def __init__(self, plan, call, tensors):
-        self.plan, self.call, self.tensors = plan, call, tensors
+    def __init__(self, plan, call, tensors, request):
+        self.plan, self.call, self.tensors, self.request = plan, call, tensors, request
         self.direction = call.direction
         self.finished = False
 
     def finish(self, block: bool) -> bool:
         """Wait (block) or test; True once finished. Raises HaloError on a
-        failure, which also ends the exchange (the library releases it)."""
+        failure, which also ends the exchange (its request is freed)."""
         if self.finished:
             return True
         L = _lib.lib()
         with self.plan.comm.lock:
             if block:
-                rc = L.halo_plan_wait(self.plan.handle, self.direction)
+                rc = L.halo_request_wait(self.request, None)
                 done = rc == 0
             else:
                 flag = ctypes.c_int(0)
-                rc = L.halo_plan_test(self.plan.handle, self.direction, ctypes.byref(flag))
+                rc = L.halo_request_test(self.request, ctypes.byref(flag))
                 done = rc == 0 and flag.value == 1
             if rc:
-                self._release()
-                raise _lib.error(rc, "halo_plan_wait" if block else "halo_plan_test")
-        if done:
-            self._release()
+                self._release(L)
+                raise _lib.error(rc, "halo_request_wait" if block else "halo_request_test")
+            if done:
+                self._release(L)
         return done
 
     def finish_quietly(self) -> None:
@@ -72,7 +72,9 @@ class Pending:
         except HaloError:
             pass
 
-    def _release(self):
+    def _release(self, L):
+        # The exchange has ended (finished or failed): its request goes.
+        L.halo_request_free(self.request)
         self.finished = True
         self.tensors = ()
 
@@ -81,12 +83,9 @@ def start(plan, call: _lib.Call, *tensors) -> Pending:
     """Start the asynchronous form of ``call`` (e.g. HALOS_FORWARD) on plan;
     the returned Pending keeps plan and tensors alive until it finishes."""
     settle(plan.comm)
-    fn, name = _lib.plan_call(call, start=True)
     with plan.comm.lock:
-        rc = fn(plan.handle, *[t.data_ptr() for t in tensors])
-        if rc:
-            raise _lib.error(rc, name)
-    return Pending(plan, call, tensors)
+        request = _lib.exchange_start(plan.handle, call, [t.data_ptr() for t in tensors])
+    return Pending(plan, call, tensors, request)
 
 
 def settle(comm) -> None:

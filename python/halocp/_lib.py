@@ -248,12 +248,6 @@ def _declare(lib: ctypes.CDLL) -> None:
         "halo_plan_backward": ([vp, vp, vp], c_int),
         "halo_plan_halos_forward": ([vp, vp, vp, vp], c_int),
         "halo_plan_halos_backward": ([vp, vp, vp, vp], c_int),
-        "halo_plan_forward_start": ([vp, vp, vp], c_int),
-        "halo_plan_backward_start": ([vp, vp, vp], c_int),
-        "halo_plan_halos_forward_start": ([vp, vp, vp, vp], c_int),
-        "halo_plan_halos_backward_start": ([vp, vp, vp, vp], c_int),
-        "halo_plan_test": ([vp, c_int, ctypes.POINTER(c_int)], c_int),
-        "halo_plan_wait": ([vp, c_int], c_int),
         "halo_comm_abort": ([vp], c_int),
         "halo_plan_create_multi": ([vp, c_int, ctypes.POINTER(PlanParams), ctypes.POINTER(vp)], c_int),
         **{
@@ -263,6 +257,10 @@ def _declare(lib: ctypes.CDLL) -> None:
         },
         "halo_plan_destroy": ([vp], c_int),
         "halo_comm_memory_types": ([vp, ctypes.POINTER(ctypes.c_uint64)], c_int),
+        "halo_exchange_start": ([vp, c_int, ctypes.POINTER(vp), sz, vp, ctypes.POINTER(vp)], c_int),
+        "halo_request_test": ([vp, ctypes.POINTER(c_int)], c_int),
+        "halo_request_wait": ([vp, vp], c_int),
+        "halo_request_free": ([vp], c_int),
     }
     for name, (args, res) in sigs.items():
         fn = getattr(lib, name)
@@ -317,10 +315,22 @@ def error(rc: int, what: str) -> HaloError:
     return HaloError(rc, f"{what}: {reason}: {detail}" if detail else f"{what}: {reason}")
 
 
-def plan_call(call: Call, start: bool = False):
-    """(the C function, its name) of a plan call, blocking or its _start form."""
-    name = _CALL_NAMES[call] + ("_start" if start else "")
+def plan_call(call: Call):
+    """(the C function, its name) of a blocking plan call: the stream-less
+    special case of halo_exchange_start, one C call per exchange."""
+    name = _CALL_NAMES[call]
     return getattr(lib(), name), name
+
+
+def exchange_start(plan_handle, call: Call, pointers) -> ctypes.c_void_p:
+    """halo_exchange_start of plan in call's direction on the buffers'
+    addresses (the blocking call's tensors, in its argument order), on the
+    host (no stream); the request to test, wait and free."""
+    buffers = (ctypes.c_void_p * len(pointers))(*pointers)
+    request = ctypes.c_void_p()
+    check(lib().halo_exchange_start(plan_handle, int(call.direction), buffers, len(pointers), None,
+                                    ctypes.byref(request)), "halo_exchange_start")
+    return request
 
 
 def check(rc: int, what: str) -> None:
