@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 from . import _cuda, _inflight, _lib
 from ._lib import HaloError
+from ._sharding import distributed
 from ._layout import contiguous_strides as _contiguous_strides, dim_order, empty_in_order, in_strides, strides_in_order
 from .exchange import _empty_halos, cp_halo_exchange, halos, is_compiling, plan_halos
 from .tiles import TileGrid
@@ -382,10 +383,6 @@ def _check_input(layer, x, nsp):
                         f"(or unbatched), not {what}")
 
 
-def _distributed(group) -> bool:
-    return group is not None or (dist.is_available() and dist.is_initialized())
-
-
 class _ContextParallelConv3d(torch.nn.Conv3d):
     def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, groups=1,
                  bias=True, padding_mode="zeros", device=None, dtype=None, *, group=None, grid=None):
@@ -410,7 +407,7 @@ class _ContextParallelConv3d(torch.nn.Conv3d):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         halo = self.left or self.right
-        if self.grid is None and not _distributed(self.group):  # one process holds the whole sequence
+        if self.grid is None and not distributed(self.group):  # one process holds the whole sequence
             return _sharded_conv(self, x, self._pads(), {})
         _check_input(self, x, 3)
         if x.dim() == 4:  # unbatched

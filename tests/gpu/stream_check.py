@@ -26,11 +26,11 @@ import argparse
 import ctypes
 import json
 import os
-import socket
 import statistics
-import subprocess
 import sys
 import time
+
+import two_ranks
 
 RANK_VAR = "STREAM_CHECK_RANK"
 SHAPE, DIM, LEFT, RIGHT = (1, 4, 6, 10, 12), 2, 2, 1
@@ -46,24 +46,10 @@ def parse(argv):
 
 
 def launch(args) -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = dict(os.environ, STREAM_CHECK_PORT=str(port))
+    env = dict(os.environ, STREAM_CHECK_PORT=str(two_ranks.free_port()))
     if args.cpu:
         env["HALO_CUDA_DRIVER"] = "host-fake"
-    procs = [subprocess.Popen([sys.executable, __file__, *sys.argv[1:]], env=dict(env, **{RANK_VAR: str(r)}))
-             for r in range(2)]
-    deadline, rc = time.monotonic() + args.timeout, 0
-    for p in procs:
-        try:
-            rc |= p.wait(timeout=max(1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            p.kill()
-            print(f"stream_check: a rank ran past {args.timeout:.0f} s: killed", file=sys.stderr)
-            rc = 1
-    print("stream_check:", "passed" if rc == 0 else "FAILED")
-    return rc
+    return two_ranks.run("stream_check", __file__, env, lambda r: {RANK_VAR: str(r)}, args.timeout)
 
 
 class Halo:

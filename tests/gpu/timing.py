@@ -32,13 +32,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
-import subprocess
 import sys
 import time
 import traceback
 from datetime import timedelta
+
+import two_ranks
 
 RANK_VAR = "TIMING_RANK"
 SIZES = {"2KiB": (1, 1, 1, 32, 32),  # bf16; float32 (1, 1, 1, 16, 32) in the dry run
@@ -57,25 +57,11 @@ def parse(argv):
 
 
 def launch(args) -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2")
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(two_ranks.free_port()), WORLD_SIZE="2")
     env.setdefault("GLOO_SOCKET_IFNAME", "lo")
     if args.cpu:
         env["HALO_CUDA_DRIVER"] = "host-fake"
-    procs = [subprocess.Popen([sys.executable, __file__, *sys.argv[1:]], env=dict(env, RANK=str(r), **{RANK_VAR: str(r)}))
-             for r in range(2)]
-    deadline, rc = time.monotonic() + args.timeout, 0
-    for p in procs:
-        try:
-            rc |= p.wait(timeout=max(1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            p.kill()
-            print(f"timing: a rank ran past {args.timeout:.0f} s: killed", file=sys.stderr)
-            rc = 1
-    print("timing:", "passed" if rc == 0 else "FAILED")
-    return rc
+    return two_ranks.run("timing", __file__, env, lambda r: {"RANK": str(r), RANK_VAR: str(r)}, args.timeout)
 
 
 def timed(fn, sync, iters, warm=3):
@@ -137,9 +123,7 @@ def rank_main(args) -> int:
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from stream_check import Halo
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        ports = [s.getsockname()[1], None]
+    ports = [two_ranks.free_port(), None]
     dist.broadcast_object_list(ports, src=0)
     h = Halo(rank, ports[0])
     direct = not gpu or h.moves_cuda
