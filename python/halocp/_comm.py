@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import atexit
-import ctypes
 import os
 import re
 import threading
@@ -37,41 +36,6 @@ def halo_dtype(dtype: torch.dtype) -> int:
             _lib.ERR_INVALID_ARGUMENT,
             f"halocp: dtype {dtype} is not supported (float32, float64, float16 or bfloat16)",
         ) from None
-
-
-class Plan:
-    """One libhalo plan: a layout, made collectively, run every step."""
-
-    __slots__ = ("comm", "handle", "_forward", "_backward")
-
-    def __init__(self, comm: "Communicator", handle: int):
-        self.comm = comm
-        self.handle = handle
-        self._forward = _lib.plan_call(_lib.Call.FORWARD)[0]
-        self._backward = _lib.plan_call(_lib.Call.BACKWARD)[0]
-
-    def forward(self, x_ptr: int, out_ptr: int) -> None:
-        with self.comm.lock:
-            rc = self._forward(self.handle, x_ptr, out_ptr)
-            if rc:
-                raise _lib.error(rc, "halo_plan_forward")
-
-    def backward(self, grad_out_ptr: int, grad_x_ptr: int) -> None:
-        with self.comm.lock:
-            rc = self._backward(self.handle, grad_out_ptr, grad_x_ptr)
-            if rc:
-                raise _lib.error(rc, "halo_plan_backward")
-
-    def __del__(self):
-        # Local and never hangs. A plan evicted from the cache lives on while
-        # an autograd graph still holds it for its backward.
-        handle, self.handle = self.handle, None
-        if handle and not self.comm.closed:
-            try:
-                with self.comm.lock:
-                    _lib.lib().halo_plan_destroy(handle)
-            except Exception:  # interpreter shutdown
-                pass
 
 
 # halo's bootstrap deadline, as libhalo reads it (comm/settings.go): a
@@ -179,14 +143,15 @@ class Communicator:
     # cuda_path: "direct" or "staged" once asked (halocp._cuda);
     # cuda_layouts: the CUDA paths' layouts (plans and device or pinned buffers);
     # dropped: exchanges whose handles were dropped unwaited (halocp._inflight);
-    # calls: what a call site needs per layout, prepared once (exchange.py).
+    # routes: each form's exchange per layout and device path, prepared once
+    # (halocp.exchange.route).
     cuda_path: str | None
     cuda_layouts: OrderedDict
     dropped: list
-    calls: dict
+    routes: dict
 
     def __init__(self, group, timeout: float | None = None):
-        self.cuda_path, self.cuda_layouts, self.dropped, self.calls = None, OrderedDict(), [], {}
+        self.cuda_path, self.cuda_layouts, self.dropped, self.routes = None, OrderedDict(), [], {}
         self.group = group
         self.rank = dist.get_rank(group)
         self.world_size = dist.get_world_size(group)
@@ -196,39 +161,23 @@ class Communicator:
         self.lock = threading.RLock()
         self.closed = False
         self.handle = None
-        self._plans: OrderedDict[tuple, Plan] = OrderedDict()
+        self._plans: OrderedDict[tuple, _lib.Plan] = OrderedDict()
 
         # Every rank takes part in both gathers even when its own step failed,
         # so a failure on one rank is an error on all of them, not a hang.
         self._exchange = _Exchange(group, self.rank, self.world_size, bootstrap_timeout())
         address, failure = None, None
         try:
-            L = _lib.lib()
-            params = _lib.CommParams()
-            params.field_mask = _lib.COMM_PARAM_BOOTSTRAP
-            params.bootstrap = _lib.BOOTSTRAP_EXTERNAL
-            if timeout is not None:
-                if not timeout > 0:
-                    raise HaloError(_lib.ERR_INVALID_ARGUMENT, f"halocp: timeout must be positive seconds, not {timeout!r}")
-                params.field_mask |= _lib.COMM_PARAM_TIMEOUT
-                params.timeout_ms = max(1, round(timeout * 1000))
-            handle = ctypes.c_void_p()
-            _lib.check(L.halo_comm_create(self.rank, self.world_size, ctypes.byref(params), ctypes.byref(handle)),
-                       "halo_comm_create")
-            self.handle = handle.value
-            ptr, length = ctypes.c_void_p(), ctypes.c_size_t()
-            _lib.check(L.halo_comm_get_address(self.handle, ctypes.byref(ptr), ctypes.byref(length)),
-                       "halo_comm_get_address")
-            address = ctypes.string_at(ptr, length.value)
+            if timeout is not None and not timeout > 0:
+                raise HaloError(_lib.ERR_INVALID_ARGUMENT, f"halocp: timeout must be positive seconds, not {timeout!r}")
+            timeout_ms = None if timeout is None else max(1, round(timeout * 1000))
+            self.handle = _lib.comm_create(self.rank, self.world_size, timeout_ms)
+            address = _lib.comm_address(self.handle)
         except HaloError as e:
             failure = e
         addresses = self._gather("address", address if failure is None else failure)
         try:
-            n = self.world_size
-            bufs = [ctypes.create_string_buffer(a, len(a)) for a in addresses]
-            ptrs = (ctypes.c_void_p * n)(*[ctypes.cast(b, ctypes.c_void_p) for b in bufs])
-            lens = (ctypes.c_size_t * n)(*[len(a) for a in addresses])
-            _lib.check(L.halo_comm_connect(self.handle, ptrs, lens), "halo_comm_connect")
+            _lib.comm_connect(self.handle, addresses)
         except HaloError as e:
             failure = e
         self._gather("connected", failure if failure is not None else b"")
@@ -255,7 +204,7 @@ class Communicator:
                 raise HaloError(int(code), f"halocp: rank {r} could not set up its communicator: {msg}")
         return [v[1:] for v in everyone]
 
-    def plan(self, key: tuple, make_params) -> Plan:
+    def plan(self, key: tuple, make_params) -> _lib.Plan:
         """The cached plan for key, or a new one made collectively from
         make_params() (called on a miss only).
 
@@ -271,12 +220,7 @@ class Communicator:
                 return p
             if self.closed:
                 raise HaloError(_lib.ERR_INVALID_HANDLE, "halocp: the communicator was destroyed")
-            params = make_params()
-            handle = ctypes.c_void_p()
-            rc = _lib.lib().halo_plan_create(self.handle, ctypes.byref(params), ctypes.byref(handle))
-            if rc:
-                raise _lib.error(rc, "halo_plan_create")
-            p = Plan(self, handle.value)
+            p = _lib.Plan(self, make_params())
             self._plans[key] = p
             if len(self._plans) > PLAN_CACHE_SIZE:
                 self._plans.popitem(last=False)
@@ -286,7 +230,7 @@ class Communicator:
         """Forget every cached plan (local; do it on every rank at the same point)."""
         with self.lock:
             self._plans.clear()
-            self.calls.clear()
+            self.routes.clear()
             self.cuda_layouts.clear()
 
     def close(self) -> None:
@@ -296,11 +240,11 @@ class Communicator:
                 return
             self.closed = True
             self._plans.clear()
-            self.calls.clear()
+            self.routes.clear()
             self.cuda_layouts.clear()
             self.dropped = []
             if self.handle is not None:
-                _lib.lib().halo_comm_destroy(self.handle)
+                _lib.comm_destroy(self.handle)
                 self.handle = None
 
     def __repr__(self):

@@ -1,4 +1,5 @@
-"""CUDA tensors: the exchanges of exchange.py for tensors on a GPU.
+"""CUDA tensors: the staged and direct device paths under exchange.py's
+forms (the host path is _host.py).
 
 libhalo never touches GPU memory from the CPU: a plan over CUDA memory moves
 bytes only, and all local work (the interior copy, the zero halos beyond the
@@ -25,7 +26,7 @@ stream is synchronised (an event); what the plan wrote reaches the caller's
 tensors by copies on the current stream, so the next kernels on it see it.
 Pinned buffers are not rewritten before the copies out of them have run.
 
-CPU tensors take exchange.py's path, unless ``stage_cpu(True)`` routes them
+CPU tensors take the host path, unless ``stage_cpu(True)`` routes them
 through the staging path here: the tests and the GPU check's dry run use it
 to run this code without a GPU.
 """
@@ -33,7 +34,6 @@ to run this code without a GPU.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 
 import torch
 from torch import Tensor
@@ -74,9 +74,7 @@ def cuda_path(group=None) -> str:
 def _path(comm) -> str:
     path = comm.cuda_path
     if path is None:
-        types = ctypes.c_uint64(0)
-        _lib.check(_lib.lib().halo_comm_memory_types(comm.handle, ctypes.byref(types)), "halo_comm_memory_types")
-        path = DIRECT if types.value >> _lib.MEMORY_CUDA & 1 else STAGED
+        path = DIRECT if _lib.comm_memory_types(comm.handle) >> _lib.MEMORY_CUDA & 1 else STAGED
         comm.cuda_path = path
     return path
 
@@ -204,15 +202,23 @@ class _Layout:
             self._copy(right, self.rh)
             self.fwd_read = self._reads_queued()
 
-    def halos_into(self, x: Tensor, left: Tensor, right: Tensor) -> None:
-        """Write x's halos into left and right (tensors on x's device)."""
-        self.start_halos(x).finish(block=True)
-        self.finish_halos(left, right)
+    def start_into(self, x: Tensor, left: Tensor, right: Tensor, result):
+        """start_halos of x, and a finish() that writes the halos into left
+        and right (tensors on x's device) and returns result."""
+        pending = self.start_halos(x)
+
+        def finish():
+            self.finish_halos(left, right)
+            return result
+
+        return pending, finish
 
     @torch.no_grad()
-    def add_grads(self, grad_left: Tensor, grad_right: Tensor, grad_x: Tensor) -> None:
-        """Send the halo gradients back and add the neighbours' into grad_x
-        (x's shape, on its device, holding the rest of x's gradient)."""
+    def start_add(self, grad_left: Tensor, grad_right: Tensor, grad_x: Tensor):
+        """Start sending the halo gradients back; the returned finish() adds
+        the neighbours' into grad_x (x's shape, on its device, holding the
+        rest of x's gradient) once the exchange has finished, on the stream
+        that started it."""
         if self.bwd_read is not None:
             self.bwd_read.synchronize()
         self._copy(self.gl, grad_left)
@@ -224,7 +230,17 @@ class _Layout:
             else:
                 self._copy(dst, src)
         self._ready()
-        _inflight.run(self.plan, _inflight.HALOS_BACKWARD, self.gl, self.gr, self.gx)
+        stream = torch.cuda.current_stream(self.device) if self.cuda else None
+        pending = _inflight.start(self.plan, _inflight.HALOS_BACKWARD, self.gl, self.gr, self.gx)
+
+        @torch.no_grad()
+        def finish():
+            with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+                self._added(grad_x, mine, theirs)
+
+        return pending, finish
+
+    def _added(self, grad_x: Tensor, mine, theirs) -> None:
         if not self.direct:
             for dst, src in zip(mine, theirs):
                 self._copy(dst, src)
@@ -237,6 +253,12 @@ class _Layout:
         grad_x.narrow(d, 0, self.r_sent).add_(self.gx.narrow(d, 0, self.r_sent))
         self.bwd_read = self._reads_queued()
 
+    def add_grads(self, grad_left: Tensor, grad_right: Tensor, grad_x: Tensor) -> None:
+        """start_add and its finish, blocking."""
+        pending, finish = self.start_add(grad_left, grad_right, grad_x)
+        pending.finish(block=True)
+        finish()
+
 
 def buffer_params(x, lh, rh, gl, gr, gx, left, right, dim, memory, padding_mode="zeros"):
     """halo_plan_params_t of a halos-only plan over these tensors' layouts,
@@ -246,12 +268,11 @@ def buffer_params(x, lh, rh, gl, gr, gx, left, right, dim, memory, padding_mode=
                             grad_left_strides=gl.stride(), grad_right_strides=gr.stride(), grad_x_strides=gx.stride())
 
 
-def _layout(x: Tensor, left, right, dim, group, padding_mode) -> _Layout:
-    """The layout of x's shape, dtype and device on group's communicator
-    (its plan made collectively on first use)."""
+def _layout(comm, x: Tensor, left, right, dim, padding_mode) -> _Layout:
+    """The layout of x's shape, dtype and device on the communicator (its
+    plan made collectively on first use)."""
     if left < 0 or right < 0:  # before any buffer is sized by them
         raise HaloError(_lib.ERR_INVALID_ARGUMENT, f"halocp: halo sizes must not be negative (left {left}, right {right})")
-    comm = communicator(group)
     cache = comm.cuda_layouts
     key = (x.device, x.dtype, dim, left, right, tuple(x.shape), padding_mode)
     lay = cache.get(key)
@@ -278,210 +299,81 @@ def _layout(x: Tensor, left, right, dim, group, padding_mode) -> _Layout:
     return lay
 
 
-# ------------------------------------------------------------------ autograd
+# ------------------------------------------------------------------ routes
+# The forms of exchange.py over a layout: torch copies the shard and the
+# halos into place on the tensor's device, the layout's plan moves the slabs.
 
 
-class _Padded(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, left, right, dim, group, padding_mode):
-        lay = _layout(x, left, right, dim, group, padding_mode)
-        n = x.shape[dim]
-        shape = list(x.shape)
-        shape[dim] += left + right
-        out = _like(x, shape)
-        out.narrow(dim, left, n).copy_(x)
-        lay.halos_into(x, out.narrow(dim, 0, left), out.narrow(dim, left + n, right))
-        ctx.lay, ctx.fmt = lay, _format(x)
-        return out
+class Copy(_inflight.Route):
+    """Out of place: the output and x's gradient in x's memory format."""
 
-    @staticmethod
-    def backward(ctx, g):
-        lay = ctx.lay
-        d, L, n = lay.dim, lay.left, lay.n
-        grad_x = _empty(ctx.fmt).copy_(g.narrow(d, L, n))
-        lay.add_grads(g.narrow(d, 0, L), g.narrow(d, L + n, lay.right), grad_x)
-        return grad_x, None, None, None, None, None
+    __slots__ = ("lay", "fmt", "out_fmt")
 
+    def __init__(self, comm, x, left, right, dim, padding_mode):
+        self.comm, self.lay, self.fmt = comm, _layout(comm, x, left, right, dim, padding_mode), _format(x)
+        self.out_fmt = _format(x, _halo_shape(x.shape, dim, x.shape[dim] + left + right))
 
-class _PaddedDone(_Padded):
-    """The node of a started cp_halo_exchange, recorded at the wait (see
-    exchange.py's _HaloExchangeDone)."""
-
-    @staticmethod
-    def forward(ctx, x, done):
-        out, ctx.lay = done
-        ctx.fmt = _format(x)
-        return out
-
-    @staticmethod
-    def backward(ctx, g):
-        return _Padded.backward(ctx, g)[0], None
-
-
-class _Halos(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, left, right, dim, group, padding_mode):
-        lay = _layout(x, left, right, dim, group, padding_mode)
-        lh = _like(x, _halo_shape(x.shape, dim, left))
-        rh = _like(x, _halo_shape(x.shape, dim, right))
-        lay.halos_into(x, lh, rh)
-        ctx.lay = lay
-        ctx.fmt = _format(x)
-        return lh, rh
-
-    @staticmethod
-    def backward(ctx, gl, gr):
-        lay = ctx.lay
-        grad_x = _empty(ctx.fmt).zero_()
-        lay.add_grads(gl, gr, grad_x)
-        return grad_x, None, None, None, None, None
-
-
-class _HalosDone(_Halos):
-    @staticmethod
-    def forward(ctx, x, done):
-        lh, rh, ctx.lay = done
-        ctx.fmt = _format(x)
-        return lh, rh
-
-    @staticmethod
-    def backward(ctx, gl, gr):
-        return _Halos.backward(ctx, gl, gr)[0], None
-
-
-class _InPlace(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, padded, left, right, dim, group, padding_mode):
-        n = padded.shape[dim] - left - right
-        x = padded.narrow(dim, left, n)
-        lay = _layout(x, left, right, dim, group, padding_mode)
-        lay.halos_into(x, padded.narrow(dim, 0, left), padded.narrow(dim, left + n, right))
-        ctx.mark_dirty(padded)
-        ctx.lay = lay
-        ctx.fmt = _format(padded)
-        return padded
-
-    @staticmethod
-    def backward(ctx, g):
-        lay = ctx.lay
+    @torch.no_grad()
+    def start(self, x: Tensor):
+        lay = self.lay
         d, L, n, R = lay.dim, lay.left, lay.n, lay.right
-        grad = _empty(ctx.fmt).copy_(g)
+        out = _empty(self.out_fmt)
+        out.narrow(d, L, n).copy_(x)
+        return lay.start_into(x, out.narrow(d, 0, L), out.narrow(d, L + n, R), out)
+
+    def backward(self, g: Tensor) -> Tensor:
+        lay = self.lay
+        d, L, n, R = lay.dim, lay.left, lay.n, lay.right
+        with torch.no_grad():
+            grad_x = _empty(self.fmt).copy_(g.narrow(d, L, n))
+        lay.add_grads(g.narrow(d, 0, L), g.narrow(d, L + n, R), grad_x)
+        return grad_x
+
+
+class InPlace(_inflight.Route):
+    """In place: the shard is padded's interior; the gradient has padded's
+    memory format and none in the halo slots, which the forward overwrote."""
+
+    __slots__ = ("lay", "fmt")
+
+    def __init__(self, comm, padded, left, right, dim, padding_mode):
+        x = padded.narrow(dim, left, padded.shape[dim] - left - right)
+        self.comm, self.lay, self.fmt = comm, _layout(comm, x, left, right, dim, padding_mode), _format(padded)
+
+    def start(self, padded: Tensor):
+        lay = self.lay
+        d, L, n, R = lay.dim, lay.left, lay.n, lay.right
+        return lay.start_into(padded.narrow(d, L, n), padded.narrow(d, 0, L), padded.narrow(d, L + n, R), padded)
+
+    def backward(self, g: Tensor) -> Tensor:
+        lay = self.lay
+        d, L, n, R = lay.dim, lay.left, lay.n, lay.right
+        with torch.no_grad():
+            grad = _empty(self.fmt).copy_(g)
         lay.add_grads(g.narrow(d, 0, L), g.narrow(d, L + n, R), grad.narrow(d, L, n))
-        # The halo slots were overwritten in the forward pass: no gradient.
         grad.narrow(d, 0, L).zero_()
         grad.narrow(d, L + n, R).zero_()
-        return grad, None, None, None, None, None
+        return grad
 
 
-class _InPlaceDone(_InPlace):
-    @staticmethod
-    def forward(ctx, padded, lay):
-        ctx.mark_dirty(padded)
-        ctx.lay, ctx.fmt = lay, _format(padded)
-        return padded
+class Halos(_inflight.HalosRoute):
+    """Halos only, in x's memory format. grad_strides (a host plan's
+    choice) has no use here: the gradients are copied into the layout's
+    buffers whatever their strides."""
 
-    @staticmethod
-    def backward(ctx, g):
-        return _InPlace.backward(ctx, g)[0], None
+    __slots__ = ("lay", "fmt", "left_fmt", "right_fmt")
 
+    def __init__(self, comm, x, left, right, dim, padding_mode, grad_strides=None):
+        self.comm, self.lay, self.fmt = comm, _layout(comm, x, left, right, dim, padding_mode), _format(x)
+        self.left_fmt = _format(x, _halo_shape(x.shape, dim, left))
+        self.right_fmt = _format(x, _halo_shape(x.shape, dim, right))
 
-def _apply(fn, t: Tensor, *args):
-    if t.requires_grad and torch.is_grad_enabled():
-        return fn.apply(t, *args)
-    with torch.no_grad():
-        return fn.apply(t, *args)
+    def start(self, x: Tensor):
+        lh, rh = _empty(self.left_fmt), _empty(self.right_fmt)
+        return self.lay.start_into(x, lh, rh, (lh, rh))
 
+    def start_add(self, grad_left, grad_right, grad_x):
+        return self.lay.start_add(grad_left, grad_right, grad_x)
 
-def cp_halo_exchange(x: Tensor, left, right, dim, group, padding_mode="zeros") -> Tensor:
-    if left == 0 and right == 0:
-        return x
-    return _apply(_Padded, x, left, right, dim, group, padding_mode)
-
-
-def halos(x: Tensor, left, right, dim, group, padding_mode="zeros"):
-    if left == 0 and right == 0:
-        return tuple(_like(x, _halo_shape(x.shape, dim, 0)) for _ in "lr")
-    return _apply(_Halos, x, left, right, dim, group, padding_mode)
-
-
-def halo_exchange_(padded: Tensor, left, right, dim, group, padding_mode="zeros") -> Tensor:
-    if left == 0 and right == 0:
-        return padded
-    _check_padded(padded, left, right, dim)
-    return _apply(_InPlace, padded, left, right, dim, group, padding_mode)
-
-
-def _check_padded(padded: Tensor, left, right, dim) -> None:
-    if padded.shape[dim] - left - right < 0:
-        raise HaloError(_lib.ERR_INVALID_ARGUMENT,
-                        f"halocp: padded has {padded.shape[dim]} slices along dim {dim}, fewer than its halos ({left} + {right})")
-    if _recording(padded) and padded.is_leaf:
-        raise HaloError(_lib.ERR_INVALID_ARGUMENT,
-                        "halocp: padded is a leaf that requires grad: it cannot be filled in place")
-
-
-# ------------------------------------------------------- asynchronous forms
-# The exchange starts at start (slabs staged, messages posted); the wait
-# finishes it, copies the halos into the result on the stream that started
-# it, and records the autograd node if the start asked for one.
-
-
-def _started(lay: _Layout, x: Tensor, fill, result, done_fn, done_args, record: bool):
-    """An Exchange over lay's forward exchange of x: fill() copies the
-    halos into place, result is what the wait returns (without a graph)."""
-    from ._inflight import Exchange
-
-    pending = lay.start_halos(x)
-
-    def finish():
-        fill()
-        if not record:
-            return result
-        with torch.enable_grad():
-            return done_fn.apply(*done_args)
-
-    return Exchange(pending, finish)
-
-
-def _recording(t: Tensor) -> bool:
-    return t.requires_grad and torch.is_grad_enabled()
-
-
-def cp_halo_exchange_start(x: Tensor, left, right, dim, group, padding_mode="zeros"):
-    from ._inflight import Exchange
-
-    if left == 0 and right == 0:
-        return Exchange(None, lambda: x)
-    lay = _layout(x, left, right, dim, group, padding_mode)
-    n = x.shape[dim]
-    shape = list(x.shape)
-    shape[dim] += left + right
-    out = _like(x, shape)
-    with torch.no_grad():  # the node recorded at the wait is x's only link
-        out.narrow(dim, left, n).copy_(x)
-    return _started(lay, x, lambda: lay.finish_halos(out.narrow(dim, 0, left), out.narrow(dim, left + n, right)),
-                    out, _PaddedDone, (x, (out, lay)), _recording(x))
-
-
-def halos_start(x: Tensor, left, right, dim, group, padding_mode="zeros"):
-    from ._inflight import Exchange
-
-    if left == 0 and right == 0:
-        return Exchange(None, lambda: halos(x, 0, 0, dim, group))
-    lay = _layout(x, left, right, dim, group, padding_mode)
-    lh = _like(x, _halo_shape(x.shape, dim, left))
-    rh = _like(x, _halo_shape(x.shape, dim, right))
-    return _started(lay, x, lambda: lay.finish_halos(lh, rh), (lh, rh), _HalosDone, (x, (lh, rh, lay)), _recording(x))
-
-
-def halo_exchange_start_(padded: Tensor, left, right, dim, group, padding_mode="zeros"):
-    from ._inflight import Exchange
-
-    if left == 0 and right == 0:
-        return Exchange(None, lambda: padded)
-    n = padded.shape[dim] - left - right
-    _check_padded(padded, left, right, dim)
-    x = padded.narrow(dim, left, n)
-    lay = _layout(x, left, right, dim, group, padding_mode)
-    return _started(lay, x, lambda: lay.finish_halos(padded.narrow(dim, 0, left), padded.narrow(dim, left + n, right)),
-                    padded, _InPlaceDone, (padded, lay), _recording(padded))
+    def zeros_like_x(self):
+        return _empty(self.fmt).zero_()

@@ -9,8 +9,6 @@ those tensors, and the plan, alive until then, whatever the caller drops.
 
 from __future__ import annotations
 
-import ctypes
-
 from . import _lib
 from ._comm import _comms, resolve_group
 from ._lib import HaloError
@@ -23,12 +21,9 @@ HALOS_FORWARD, HALOS_BACKWARD = _lib.Call.HALOS_FORWARD, _lib.Call.HALOS_BACKWAR
 def run(plan, call: _lib.Call, *tensors) -> None:
     """A blocking exchange on plan: the C call of ``call`` with the tensors'
     data pointers, in the header's argument order."""
-    settle(plan.comm)
-    fn, name = _lib.plan_call(call)
-    with plan.comm.lock:
-        rc = fn(plan.handle, *[t.data_ptr() for t in tensors])
-        if rc:
-            raise _lib.error(rc, name)
+    if plan.comm.dropped:
+        settle(plan.comm)
+    plan.run(call, *[t.data_ptr() for t in tensors])
 
 
 class Pending:
@@ -48,20 +43,17 @@ class Pending:
         failure, which also ends the exchange (its request is freed)."""
         if self.finished:
             return True
-        L = _lib.lib()
-        with self.plan.comm.lock:
+        try:
+            done = True
             if block:
-                rc = L.halo_request_wait(self.request, None)
-                done = rc == 0
+                self.plan.wait(self.request)
             else:
-                flag = ctypes.c_int(0)
-                rc = L.halo_request_test(self.request, ctypes.byref(flag))
-                done = rc == 0 and flag.value == 1
-            if rc:
-                self._release(L)
-                raise _lib.error(rc, "halo_request_wait" if block else "halo_request_test")
-            if done:
-                self._release(L)
+                done = self.plan.test(self.request)
+        except HaloError:
+            self._release()
+            raise
+        if done:
+            self._release()
         return done
 
     def finish_quietly(self) -> None:
@@ -72,9 +64,9 @@ class Pending:
         except HaloError:
             pass
 
-    def _release(self, L):
+    def _release(self):
         # The exchange has ended (finished or failed): its request goes.
-        L.halo_request_free(self.request)
+        self.plan.free(self.request)
         self.finished = True
         self.tensors = ()
 
@@ -82,10 +74,9 @@ class Pending:
 def start(plan, call: _lib.Call, *tensors) -> Pending:
     """Start the asynchronous form of ``call`` (e.g. HALOS_FORWARD) on plan;
     the returned Pending keeps plan and tensors alive until it finishes."""
-    settle(plan.comm)
-    with plan.comm.lock:
-        request = _lib.exchange_start(plan.handle, call, [t.data_ptr() for t in tensors])
-    return Pending(plan, call, tensors, request)
+    if plan.comm.dropped:
+        settle(plan.comm)
+    return Pending(plan, call, tensors, plan.start(call, [t.data_ptr() for t in tensors]))
 
 
 def settle(comm) -> None:
@@ -200,6 +191,65 @@ def abort(group=None) -> None:
     handle = comm.handle
     if handle is None or comm.closed:
         return
-    rc = _lib.lib().halo_comm_abort(handle)
-    if rc and not (rc == _lib.ERR_INVALID_HANDLE and comm.closed):  # destroyed meanwhile: nothing to abort
-        raise _lib.error(rc, "halo_comm_abort")
+    try:
+        _lib.comm_abort(handle)
+    except HaloError as e:
+        if not (e.code == _lib.ERR_INVALID_HANDLE and comm.closed):  # destroyed meanwhile: nothing to abort
+            raise
+
+
+class Route:
+    """One form of exchange (out of place, in place, halos only) of one
+    layout, on one device path (host, staged, direct), prepared once: what
+    halocp's autograd Functions and public forms call, whatever the device.
+
+    ``start(t)`` starts the forward exchange of t (x, or the padded buffer)
+    and returns ``(pending, finish)``: pending is the Pending to wait for
+    (None when nothing is in flight), ``finish()`` returns the result once
+    it has finished. ``run(t)`` is both at once. ``backward(*grads)``
+    returns the gradient of t for the gradients of the result.
+    """
+
+    __slots__ = ("comm",)
+
+    def start(self, t):
+        raise NotImplementedError
+
+    def run(self, t):
+        pending, finish = self.start(t)
+        if pending is not None:
+            pending.finish(block=True)
+        return finish()
+
+    def backward(self, *grads):
+        raise NotImplementedError
+
+
+class HalosRoute(Route):
+    """A halos-only Route, which also starts its backward on its own:
+    ``start_add(grad_left, grad_right, grad_x)`` sends the halo gradients
+    back and adds the neighbours' into grad_x (x's shape and device, holding
+    the rest of x's gradient), returning ``(pending, finish)`` as ``start``
+    does, so that a layer computes while the gradients travel."""
+
+    __slots__ = ()
+
+    def start_add(self, grad_left, grad_right, grad_x):
+        raise NotImplementedError
+
+    def add(self, grad_left, grad_right, grad_x) -> None:
+        """start_add, blocking."""
+        pending, finish = self.start_add(grad_left, grad_right, grad_x)
+        if pending is not None:
+            pending.finish(block=True)
+        finish()
+
+    def backward(self, grad_left, grad_right):
+        # Autograd asks for a gradient of all of x, so there is one of x's
+        # size: zeros, into which the neighbours' part is added.
+        grad_x = self.zeros_like_x()
+        self.add(grad_left, grad_right, grad_x)
+        return grad_x
+
+    def zeros_like_x(self):
+        raise NotImplementedError

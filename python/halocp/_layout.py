@@ -77,3 +77,25 @@ def outermost(shape, dim, **kw) -> Tensor:
     s = list(shape)
     n = s.pop(dim)
     return torch.empty([n] + s, **kw).movedim(0, dim)
+
+
+class Like:
+    """What a Route reads of a tensor (shape, strides, dtype, device),
+    without the tensor: a backward that has x's shape and strides, not x
+    (an in-place form may have overwritten it since, and it need not be
+    kept), finds x's Route with it."""
+
+    __slots__ = ("shape", "strides", "dtype", "device")
+
+    def __init__(self, shape, strides, like: Tensor):
+        self.shape, self.strides = torch.Size(shape), tuple(strides)
+        self.dtype, self.device = like.dtype, like.device
+
+    def stride(self, dim=None):
+        return self.strides if dim is None else self.strides[dim]
+
+    def dim(self):
+        return len(self.shape)
+
+    def numel(self):
+        return self.shape.numel()

@@ -1,7 +1,9 @@
-"""ctypes binding of libhalo's C ABI (include/halo.h, version 0.3).
+"""ctypes binding of libhalo's C ABI (include/halo.h, version 0.4).
 
-Only this module knows the shape of the C structs and the signatures; the rest
-of the package calls the small helpers at the bottom.
+The package's one C boundary: only this module knows the C names, the
+structs, their field_mask bits and the signatures (tests/python/test_imports.py
+keeps it so). The rest of the package calls the communicator functions, the
+params builder and the Plan class below.
 """
 
 from __future__ import annotations
@@ -71,7 +73,7 @@ DIR_FORWARD, DIR_BACKWARD = 0, 1
 
 
 class Call(enum.IntEnum):
-    """What a plan call does; plan_call gives its C function."""
+    """What a plan call does (Plan.run's first argument)."""
 
     FORWARD = 0
     BACKWARD = 1
@@ -279,6 +281,7 @@ def lib() -> ctypes.CDLL:
             if _lib is None:
                 handle = _load()
                 _declare(handle)
+                _call_fns[:] = [getattr(handle, _CALL_NAMES[c]) for c in Call]
                 v = handle.halo_version_number()
                 major, minor = v // 10000, v // 100 % 100
                 # Before 1.0 every minor version may change the ABI.
@@ -315,22 +318,128 @@ def error(rc: int, what: str) -> HaloError:
     return HaloError(rc, f"{what}: {reason}: {detail}" if detail else f"{what}: {reason}")
 
 
-def plan_call(call: Call):
-    """(the C function, its name) of a blocking plan call: the stream-less
-    special case of halo_exchange_start, one C call per exchange."""
-    name = _CALL_NAMES[call]
-    return getattr(lib(), name), name
+# ------------------------------------------------------------ communicators
+# halocp's Communicator (in _comm.py) holds the handle these take and return.
 
 
-def exchange_start(plan_handle, call: Call, pointers) -> ctypes.c_void_p:
-    """halo_exchange_start of plan in call's direction on the buffers'
-    addresses (the blocking call's tensors, in its argument order), on the
-    host (no stream); the request to test, wait and free."""
-    buffers = (ctypes.c_void_p * len(pointers))(*pointers)
-    request = ctypes.c_void_p()
-    check(lib().halo_exchange_start(plan_handle, int(call.direction), buffers, len(pointers), None,
-                                    ctypes.byref(request)), "halo_exchange_start")
-    return request
+def comm_create(rank: int, world_size: int, timeout_ms: int | None = None) -> int:
+    """halo_comm_create with an external bootstrap (the caller connects the
+    ranks, comm_address and comm_connect); timeout_ms bounds every wait of
+    its exchanges (unset: HALO_TIMEOUT_MS, else the library's default)."""
+    params = CommParams()
+    params.field_mask = COMM_PARAM_BOOTSTRAP
+    params.bootstrap = BOOTSTRAP_EXTERNAL
+    if timeout_ms is not None:
+        params.field_mask |= COMM_PARAM_TIMEOUT
+        params.timeout_ms = timeout_ms
+    handle = ctypes.c_void_p()
+    check(lib().halo_comm_create(rank, world_size, ctypes.byref(params), ctypes.byref(handle)), "halo_comm_create")
+    return handle.value
+
+
+def comm_address(handle) -> bytes:
+    """This rank's worker address, to hand to every other rank."""
+    ptr, length = ctypes.c_void_p(), ctypes.c_size_t()
+    check(lib().halo_comm_get_address(handle, ctypes.byref(ptr), ctypes.byref(length)), "halo_comm_get_address")
+    return ctypes.string_at(ptr, length.value)
+
+
+def comm_connect(handle, addresses: list) -> None:
+    """Connect to every rank, given every rank's address in rank order."""
+    n = len(addresses)
+    bufs = [ctypes.create_string_buffer(a, len(a)) for a in addresses]
+    ptrs = (ctypes.c_void_p * n)(*[ctypes.cast(b, ctypes.c_void_p) for b in bufs])
+    lens = (ctypes.c_size_t * n)(*[len(a) for a in addresses])
+    check(lib().halo_comm_connect(handle, ptrs, lens), "halo_comm_connect")
+
+
+def comm_memory_types(handle) -> int:
+    """The memory types the communicator's UCX moves: a bit per MEMORY_*."""
+    types = ctypes.c_uint64(0)
+    check(lib().halo_comm_memory_types(handle, ctypes.byref(types)), "halo_comm_memory_types")
+    return types.value
+
+
+def comm_abort(handle) -> None:
+    """halo_comm_abort: callable from any thread, without the comm's lock."""
+    check(lib().halo_comm_abort(handle), "halo_comm_abort")
+
+
+def comm_destroy(handle) -> None:
+    lib().halo_comm_destroy(handle)  # local; its failure has nothing to tell
+
+
+# ------------------------------------------------------------------- plans
+
+# The blocking C function of each call kind, resolved once (by lib()).
+_call_fns: list = []
+
+
+class Plan:
+    """One libhalo plan and every call on it: made from a PlanParams on a
+    communicator (collectively), then run (blocking), or started as a
+    request that is tested, waited for and freed; destroyed when dropped.
+
+    ``comm`` is halocp's Communicator: its ``handle``, its ``lock`` (one
+    thread in the library per communicator) and ``closed`` (its plans went
+    with it) are what this reads.
+    """
+
+    __slots__ = ("comm", "handle")
+
+    def __init__(self, comm, params: PlanParams):
+        self.comm, self.handle = comm, None
+        handle = ctypes.c_void_p()
+        check(lib().halo_plan_create(comm.handle, ctypes.byref(params), ctypes.byref(handle)), "halo_plan_create")
+        self.handle = handle.value
+
+    def run(self, call: Call, *pointers: int) -> None:
+        """The blocking call on the buffers' addresses, in the header's
+        argument order: one C call per exchange."""
+        with self.comm.lock:
+            rc = _call_fns[call](self.handle, *pointers)
+            if rc:
+                raise error(rc, _CALL_NAMES[call])
+
+    def start(self, call: Call, pointers) -> int:
+        """halo_exchange_start in call's direction on the buffers' addresses
+        (the blocking call's, in its order), on the host (no stream); the
+        request, for test, wait and free."""
+        buffers = (ctypes.c_void_p * len(pointers))(*pointers)
+        request = ctypes.c_void_p()
+        with self.comm.lock:
+            check(lib().halo_exchange_start(self.handle, int(call.direction), buffers, len(pointers), None,
+                                            ctypes.byref(request)), "halo_exchange_start")
+        return request.value
+
+    def test(self, request: int) -> bool:
+        """Progress a started exchange; True once it has finished."""
+        done = ctypes.c_int(0)
+        with self.comm.lock:
+            check(lib().halo_request_test(request, ctypes.byref(done)), "halo_request_test")
+        return done.value == 1
+
+    def wait(self, request: int) -> None:
+        """Finish a started exchange (within the communicator's timeout)."""
+        with self.comm.lock:
+            check(lib().halo_request_wait(request, None), "halo_request_wait")
+
+    def free(self, request: int) -> None:
+        """Release a request that has ended (finished or failed)."""
+        with self.comm.lock:
+            lib().halo_request_free(request)
+
+    def __del__(self):
+        # Local and never hangs. A plan evicted from a cache lives on while
+        # an autograd graph still holds it for its backward; the
+        # communicator's destruction took its plans with it.
+        handle, self.handle = self.handle, None
+        if handle and not self.comm.closed:
+            try:
+                with self.comm.lock:
+                    lib().halo_plan_destroy(handle)
+            except Exception:  # interpreter shutdown
+                pass
 
 
 def check(rc: int, what: str) -> None:

@@ -19,14 +19,12 @@ name, "" for the default group) that ``_comm.group_token`` hands out and
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import torch
 from torch import Tensor
 
-from . import _cuda, exchange
+from . import exchange
 from ._comm import token_group
-from ._layout import dim_order, empty_in_order, padded_shape, resized
+from ._layout import Like as _Like, dim_order, empty_in_order, padded_shape, resized
 
 
 @torch.library.custom_op("halocp::exchange", mutates_args=())
@@ -41,35 +39,11 @@ def _(x, left, right, dim, group, padding_mode):
     return empty_in_order(padded_shape(x.shape, dim, left + right), dim_order(x), x.dtype, x.device)
 
 
-class _Like:
-    """What the plan lookups read of x (shape, strides, dtype, device),
-    without x: the backward ops take x's shape and strides, not x, which an
-    in-place form may have overwritten since (and which need not be kept)."""
-
-    __slots__ = ("shape", "strides", "dtype", "device")
-
-    def __init__(self, shape, strides, like: Tensor):
-        self.shape, self.strides = torch.Size(shape), tuple(strides)
-        self.dtype, self.device = like.dtype, like.device
-
-    def stride(self):
-        return self.strides
-
-    def dim(self):
-        return len(self.shape)
-
-    def numel(self):
-        return self.shape.numel()
-
-
 @torch.library.custom_op("halocp::exchange_backward", mutates_args=())
 def _exchange_backward_op(grad_out: Tensor, x_shape: list[int], x_strides: list[int], left: int, right: int,
                           dim: int, group: str, padding_mode: str) -> Tensor:
-    x, g = _Like(x_shape, x_strides, grad_out), token_group(group)
-    if _cuda.wanted(x):
-        ctx = SimpleNamespace(lay=_cuda._layout(x, left, right, dim, g, padding_mode), fmt=_cuda._format(x))
-        return _cuda._Padded.backward(ctx, grad_out)[0]
-    return exchange._Copy.of(x, left, right, dim, g, padding_mode).backward(grad_out)
+    x = _Like(x_shape, x_strides, grad_out)
+    return exchange.route(exchange.COPY, x, left, right, dim, token_group(group), padding_mode).backward(grad_out)
 
 
 @_exchange_backward_op.register_fake
@@ -106,13 +80,9 @@ def _(x, left, right, dim, group, padding_mode):
 @torch.library.custom_op("halocp::halos_backward", mutates_args=())
 def _halos_backward_op(grad_left: Tensor, grad_right: Tensor, x_shape: list[int], x_strides: list[int], left: int,
                        right: int, dim: int, group: str, padding_mode: str) -> Tensor:
-    x, g = _Like(x_shape, x_strides, grad_left), token_group(group)
-    if _cuda.wanted(x):
-        ctx = SimpleNamespace(lay=_cuda._layout(x, left, right, dim, g, padding_mode), fmt=_cuda._format(x))
-        return _cuda._Halos.backward(ctx, grad_left, grad_right)[0]
-    plan = exchange.plan_halos(x, left, right, dim, g, padding_mode=padding_mode)
-    ctx = SimpleNamespace(plan=plan, shape=x.shape, dtype=x.dtype, order=dim_order(x))
-    return exchange._Halos.backward(ctx, grad_left, grad_right)[0]
+    x = _Like(x_shape, x_strides, grad_left)
+    return exchange.route(exchange.HALOS, x, left, right, dim, token_group(group), padding_mode).backward(grad_left,
+                                                                                                         grad_right)
 
 
 @_halos_backward_op.register_fake

@@ -18,40 +18,28 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from . import _cuda, _inflight, _lib
+from . import _lib
 from ._lib import HaloError
 from ._sharding import world_and_rank
-from .exchange import (_check, _padded_shape, _padding, _plan_out_of_place, cp_halo_exchange, dim_order,
-                       empty_in_order, in_strides, strides_in_order)
+from ._layout import Like, dim_order, in_strides, padded_shape, strides_in_order
+from .exchange import COPY, _check, _padding, cp_halo_exchange, route
 
 __all__ = ["cp_halo_sum"]
 
 
 def _sum(y, left, right, dim, group, padding_mode):
-    order = dim_order(y)
-    out = empty_in_order(_padded_shape(y.shape, dim, -left - right), order, y.dtype)
-    plan = _plan_out_of_place(out, left, right, dim, group, padding_mode)
-    # The plan reads "grad_out" dense in out's dim order, as its backward does.
-    y = in_strides(y, strides_in_order(y.shape, dim_order(out)))
-    _inflight.settle(plan.comm)
-    plan.backward(y.data_ptr(), out.data_ptr())
-    return out
-
-
-def _sum_by_autograd(y, left, right, dim, group, padding_mode):
-    """For CUDA tensors: the vector-Jacobian product of the exchange, which
-    halocp's CUDA paths implement (one wasted forward exchange)."""
-    with torch.enable_grad():
-        x = y.new_zeros(_padded_shape(y.shape, dim, -left - right)).requires_grad_()
-        padded = cp_halo_exchange(x, left, right, dim, group, padding_mode)
-        return torch.autograd.grad(padded, x, y.detach())[0]
+    """The backward of the out-of-place exchange of an x of y's interior's
+    shape, in y's memory format: its Route, on whichever device path."""
+    shape = padded_shape(y.shape, dim, -left - right)
+    x = Like(shape, strides_in_order(shape, dim_order(y)), y)
+    return route(COPY, x, left, right, dim, group, padding_mode).backward(y)
 
 
 class _HaloSum(torch.autograd.Function):
     @staticmethod
     def forward(ctx, y, left, right, dim, group, padding_mode):
         ctx.args = (left, right, dim, group, padding_mode)
-        out = (_sum_by_autograd if _cuda.wanted(y) else _sum)(y, left, right, dim, group, padding_mode)
+        out = _sum(y, left, right, dim, group, padding_mode)
         ctx.strides = out.stride()
         return out
 
@@ -92,6 +80,4 @@ def cp_halo_sum(y: Tensor, left_size: int, right_size: int, dim: int, group=None
         y = y.resolve_neg()
     if y.requires_grad and torch.is_grad_enabled():
         return _HaloSum.apply(y, left, right, dim, group, padding_mode)
-    if _cuda.wanted(y):
-        return _sum_by_autograd(y, left, right, dim, group, padding_mode)
     return _sum(y, left, right, dim, group, padding_mode)

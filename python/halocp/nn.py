@@ -16,11 +16,11 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from . import _cuda, _inflight, _lib
+from . import _lib
 from ._lib import HaloError
 from ._sharding import distributed
 from ._layout import contiguous_strides as _contiguous_strides, dim_order, empty_in_order, in_strides, strides_in_order
-from .exchange import _empty_halos, cp_halo_exchange, halos, is_compiling, plan_halos
+from .exchange import HALOS, _empty_halos, cp_halo_exchange, halos, is_compiling, route
 from .tiles import TileGrid
 
 __all__ = ["CausalConv3d", "CenteredConv3d", "TiledConv2d", "TiledConv3d"]
@@ -91,10 +91,12 @@ class _ContextParallelConv(torch.autograd.Function):
         L, R = cfg.left, cfg.right
         c, n = L + R, x.shape[2]
         fused = n > c
-        lh, rh = _empty_halos(x, L, R, 2)
         # No halos (a kernel one frame long, on an empty shard): no exchange.
-        plan = _plan(x, cfg, fused) if c else None
-        pending = _inflight.start(plan, _inflight.HALOS_FORWARD, x, lh, rh) if plan else None
+        halo_route = _route(x, cfg, fused) if c else None
+        if halo_route is not None:
+            pending, finish = halo_route.start(x)
+        else:
+            pending, finish = None, lambda: _empty_halos(x, L, R, 2)
         if fused:
             try:
                 y_in = cfg.conv(x, weight, bias)
@@ -104,11 +106,12 @@ class _ContextParallelConv(torch.autograd.Function):
                 raise
         if pending:
             pending.finish(block=True)
+        lh, rh = finish()
         if fused:
             y_left, y_right = _from_windows(cfg.conv(_windows(lh, x, rh, L, R), weight, bias), L, R)
             # The one full-size copy (conv3d cannot write into a given
             # tensor), in the layout torch's convolution gave y_in.
-            y = empty_in_order(_padded_frames(y_in, n), dim_order(y_in), y_in.dtype)
+            y = empty_in_order(_padded_frames(y_in, n), dim_order(y_in), y_in.dtype, y_in.device)
             torch.cat([y_left, y_in, y_right], 2, out=y)
         elif n:
             # In x's layout: torch.cat (PyTorch 2.15) lays out a one-frame
@@ -118,13 +121,13 @@ class _ContextParallelConv(torch.autograd.Function):
         else:  # an empty shard: no output frames, but its halos still travel
             y = x.new_empty(cfg.output_shape(x, weight))
         ctx.save_for_backward(x, weight, lh, rh)
-        ctx.cfg, ctx.plan, ctx.fused = cfg, plan, fused
+        ctx.cfg, ctx.route, ctx.fused = cfg, halo_route, fused
         return y
 
     @staticmethod
     def backward(ctx, grad):
         x, weight, lh, rh = ctx.saved_tensors
-        cfg, plan = ctx.cfg, ctx.plan
+        cfg, halo_route = ctx.cfg, ctx.route
         L, R = cfg.left, cfg.right
         c, n = L + R, x.shape[2]
         need_x, need_w, need_b = ctx.needs_input_grad[:3]
@@ -145,10 +148,10 @@ class _ContextParallelConv(torch.autograd.Function):
                 # interleaved views of one buffer.
                 order = dim_order(x)
                 grad_x, grad_left, grad_right = (
-                    empty_in_order(t.shape, order, t.dtype).copy_(t)
+                    empty_in_order(t.shape, order, t.dtype, t.device).copy_(t)
                     for t in (grad_p.narrow(2, L, n), grad_p.narrow(2, 0, L), grad_p.narrow(2, L + n, R)))
-            if need_x and plan:
-                _inflight.run(plan, _inflight.HALOS_BACKWARD, grad_left, grad_right, grad_x)
+            if need_x and halo_route:
+                halo_route.add(grad_left, grad_right, grad_x)
             return grad_x, grad_w, grad_b, None
 
         # The gradient of the output frames that read x alone. Contiguous once
@@ -164,7 +167,7 @@ class _ContextParallelConv(torch.autograd.Function):
             # [left halo | x[:c]] and [x[n-c:] | right halo]: the halo
             # gradients, and the rest of the gradient of x's first and last c frames.
             grad_sl, grad_sr = _into_slabs(grad_win, L, R, grad_x.shape)
-            grad_left = grad_right = grad_x.new_empty(0)
+            grad_left = grad_right = grad_x.new_empty(_padded_frames(grad_x, 0))
             if L:
                 grad_x.narrow(2, 0, c).add_(grad_sl.narrow(2, L, c))
                 grad_left = grad_sl.narrow(2, 0, L)
@@ -173,7 +176,7 @@ class _ContextParallelConv(torch.autograd.Function):
                 grad_right = grad_sr.narrow(2, c, R)
             # grad_x now holds all but the neighbours' part, which the library
             # adds in place once it arrives.
-            pending = _inflight.start(plan, _inflight.HALOS_BACKWARD, grad_left, grad_right, grad_x)
+            pending, finish = halo_route.start_add(grad_left, grad_right, grad_x)
         if need_w:
             try:
                 grad_w = cfg.conv_backward(grad_in, x, weight, (False, True, False))[1]
@@ -184,6 +187,7 @@ class _ContextParallelConv(torch.autograd.Function):
             grad_w.add_(grad_w_win)
         if pending is not None:
             pending.finish(block=True)
+            finish()
         return grad_x, grad_w, grad_b, None
 
 
@@ -243,17 +247,18 @@ def _into_slabs(grad_win, L, R, x_shape):
     return slabs
 
 
-def _plan(x, cfg, fused):
-    """The halos-only plan of x for the layer. In the fused path the halo
-    gradients are views of the slabs' input gradients, (N, C, L + c, H, W)
-    and (N, C, c + R, H, W) contiguous tensors."""
+def _route(x, cfg, fused):
+    """The halos-only Route of x for the layer, on x's device path. In the
+    fused path the halo gradients are views of the slabs' input gradients,
+    (N, C, L + c, H, W) and (N, C, c + R, H, W) contiguous tensors: a host
+    plan is told so, and reads them where they are."""
     L, R = cfg.left, cfg.right
     grad_strides = None
     if fused:
         c = L + R
         grad_strides = (_contiguous_strides(_padded_frames(x, L + c)), _contiguous_strides(_padded_frames(x, c + R)),
                         strides_in_order(x.shape, dim_order(x)))
-    return plan_halos(x, L, R, 2, cfg.group, grad_strides)
+    return route(HALOS, x, L, R, 2, cfg.group, "zeros", grad_strides)
 
 
 # ------------------------------------------------ strided, padded, tiled
@@ -419,10 +424,8 @@ class _ContextParallelConv3d(torch.nn.Conv3d):
             # convolution of the padded shard (conv3d with no temporal padding).
             x = cp_halo_exchange(x, self.left, self.right, 2, self.group)
             return F.conv3d(x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
-        # The fused path runs host plans on CPU memory: any other tensor (or a
-        # CPU one routed as a GPU's) takes the general path, whose exchanges
-        # dispatch on the device (a CUDA path, or a clear refusal).
-        if self.stride[0] != 1 or self.padding_mode != "zeros" or x.device.type != "cpu" or _cuda.wanted(x):
+        # The fused path's exchange takes x's device path, as every exchange does.
+        if self.stride[0] != 1 or self.padding_mode != "zeros":
             return _sharded_conv(self, x, self._pads(), {0: self.group})
         if not halo and x.shape[-3]:  # a kernel one frame long needs no context
             return F.conv3d(x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
