@@ -70,3 +70,64 @@ def test_leaves_import_nothing_of_the_package():
 
 def test_the_walk_sees_a_circle():
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+
+
+# ---------------------------------------------------- issue 18 §1 and §2
+HEADER = PACKAGE.parents[1] / "include" / "halo.h"
+
+
+def _c_names() -> set[str]:
+    import re
+
+    text = HEADER.read_text()
+    return set(re.findall(r"\b(halo_\w+)\s*\(", text)) | set(re.findall(r"\b(halo_\w+_t)\b", text))
+
+
+def _boundary_uses(path: Path, c_names: set[str]) -> list[str]:
+    """What a module names of the C boundary: ctypes, a C function or type
+    of the header (as an attribute or a string), a field_mask bit, a params
+    struct, the loaded library itself."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            names = [node.module or ""] + [a.name for a in node.names]
+        elif isinstance(node, ast.Attribute):
+            names = [node.attr]
+        elif isinstance(node, ast.Name):
+            names = [node.id]
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            names = [node.value]
+        for n in names:
+            if (n == "ctypes" or n in c_names or n == "field_mask" or n.startswith(("COMM_PARAM_", "PLAN_PARAM_"))
+                    or n in ("CommParams", "PlanParams", "lib")):
+                found.append(f"{path.name}:{node.lineno}: {n}")
+    return found
+
+
+def test_only_lib_knows_the_c_boundary():
+    """One ctypes boundary: only _lib.py imports ctypes, names C functions,
+    structs or field_mask bits, or calls the loaded library; the rest call
+    _lib's functions and its Plan."""
+    c_names = _c_names()
+    assert "halo_exchange_start" in c_names and "halo_plan_params_t" in c_names, "the header's names were not read"
+    found = [u for p in sorted(PACKAGE.glob("*.py")) if p.stem != "_lib" for u in _boundary_uses(p, c_names)]
+    assert not found, "the C boundary is crossed outside _lib.py:\n  " + "\n  ".join(found)
+
+
+def _functions(path: Path) -> list[str]:
+    """The autograd Functions a module defines."""
+    tree = ast.parse(path.read_text(), str(path))
+    return [c.name for c in ast.walk(tree) if isinstance(c, ast.ClassDef)
+            and any(ast.unparse(b).endswith("autograd.Function") for b in c.bases)]
+
+
+def test_one_autograd_stack():
+    """One autograd Function per public form (out of place, in place, halos
+    only), shared by the blocking and started forms and every device: the
+    device paths (_host.py, _cuda.py) define none."""
+    assert len(_functions(PACKAGE / "exchange.py")) == 3, _functions(PACKAGE / "exchange.py")
+    for path in (PACKAGE / "_host.py", PACKAGE / "_cuda.py", PACKAGE / "_inflight.py"):
+        assert not _functions(path), f"{path.name} defines autograd Functions {_functions(path)}: a second stack"
