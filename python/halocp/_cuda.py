@@ -61,7 +61,7 @@ def stage_cpu(on: bool = True):
 
 def wanted(t: Tensor) -> bool:
     """Whether t's exchange is this module's."""
-    return t.device.type == "cuda" or (_stage_cpu and t.device.type == "cpu")
+    return t.is_cuda or (_stage_cpu and t.is_cpu)
 
 
 def cuda_path(group=None) -> str:

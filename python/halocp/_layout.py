@@ -54,7 +54,7 @@ def empty_in_order(shape, order, dtype, device=None) -> Tensor:
 def in_strides(t: Tensor, strides) -> Tensor:
     """t itself if its memory is laid out by strides (size-1 dims aside),
     else a copy that is: the layout a plan was made for."""
-    if all(n == 1 or a == b for n, a, b in zip(t.shape, t.stride(), strides)):
+    if t.stride() == strides or all(n == 1 or a == b for n, a, b in zip(t.shape, t.stride(), strides)):
         return t
     return torch.empty_strided(t.shape, strides, dtype=t.dtype, device=t.device).copy_(t)
 
@@ -99,3 +99,11 @@ class Like:
 
     def numel(self):
         return self.shape.numel()
+
+    @property
+    def is_cuda(self):
+        return self.device.type == "cuda"
+
+    @property
+    def is_cpu(self):
+        return self.device.type == "cpu"

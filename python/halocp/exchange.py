@@ -46,7 +46,7 @@ def _check(x, left, right, dim, what: str):
 
 
 def _check_device(x, what: str) -> None:
-    if x.device.type not in ("cpu", "cuda"):
+    if not (x.is_cpu or x.is_cuda):  # (cheaper than x.device, a new object per call)
         raise HaloError(_lib.ERR_INVALID_ARGUMENT, f"halocp: {what} is on {x.device}: halocp exchanges CPU and CUDA tensors")
 
 
@@ -89,7 +89,10 @@ def route(form: str, t, left, right, dim, group, padding_mode, grad_strides=None
     still made in step. A hit is a dict lookup."""
     comm = communicator(group)
     staged = _cuda.wanted(t)
-    key = (form, t.shape, t.stride(), t.dtype, t.device, staged, dim, left, right, padding_mode, grad_strides)
+    # Which device: x.device (a new object per call) only for the CUDA
+    # paths; a tensor on another device misses, and is refused below.
+    where = t.device if staged else t.is_cpu
+    key = (form, t.shape, t.stride(), t.dtype, where, dim, left, right, padding_mode, grad_strides)
     r = comm.routes.get(key)
     if r is None:
         _check_device(t, "x" if form != IN_PLACE else "padded")  # a layer's input comes here unchecked
