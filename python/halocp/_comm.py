@@ -242,7 +242,7 @@ class Communicator:
             self._plans.clear()
             self.routes.clear()
             self.cuda_layouts.clear()
-            self.dropped = []
+            self.dropped, self.cuda_path = [], None
             if self.handle is not None:
                 _lib.comm_destroy(self.handle)
                 self.handle = None
