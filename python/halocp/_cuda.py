@@ -92,10 +92,6 @@ def _empty(fmt: tuple) -> Tensor:
     return empty_in_order(*fmt)
 
 
-def _like(t: Tensor, shape=None) -> Tensor:
-    return _empty(_format(t, shape))
-
-
 class _Layout:
     """One layout's plan and buffers: on the device for a CUDA plan
     (direct), in pinned host memory for a host plan (staged; plain host
