@@ -1,6 +1,7 @@
 package halo
 
 import (
+	"errors"
 	"fmt"
 	"unsafe"
 
@@ -245,7 +246,13 @@ func (p *Plan) failed(dc *dirCall, err error) error {
 		dc.inst.release(dc.inst.sched(dc.d))
 	}
 	dc.inst, dc.inFlight = nil, false
-	return p.g.fail(fmt.Errorf("rank %d: %s of plan %d: %w", p.g.Rank(), dc.what, p.id, err))
+	hint := ""
+	if errors.Is(err, ErrTimeout) {
+		// Ranks in different plans or layouts meet and agree; what is left
+		// to time out is a peer that never made this call.
+		hint = fmt.Sprintf(" (collective call %d on this communicator: every rank must make the same exchanges in the same order)", dc.seq)
+	}
+	return p.g.fail(fmt.Errorf("rank %d: %s of plan %d%s: %w", p.g.Rank(), dc.what, p.id, hint, err))
 }
 
 // Forward fills out = [left halo | x | right halo] along dim. x may be the
