@@ -119,11 +119,20 @@ def scenario_changing():
         (halocp.nn.CausalConv3d(2, 3, kernel_size=3, padding=1, dtype=torch.float64), (2, 0)),
         (halocp.nn.CenteredConv3d(2, 3, kernel_size=3, padding=1, dtype=torch.float64), (1, 1)),
     ]
+    # The general path (any padding_mode, stride, dilation): out-of-place
+    # exchanges and a table of every rank's length.
+    layers.append((halocp.nn.CausalConv3d(2, 3, kernel_size=3, padding=1, padding_mode="replicate",
+                                          dtype=torch.float64), (2, 0)))
     fulls = []
     for layer, (left, right) in layers:
         full = torch.nn.Conv3d(2, 3, 3, padding=(0, 1, 1), dtype=torch.float64)
         full.load_state_dict(layer.state_dict())
         fulls.append(full)
+
+    def whole(layer, full, xg, left, right):
+        if layer.padding_mode == "replicate":
+            return F.conv3d(F.pad(xg, (1, 1, 1, 1, left, right), mode="replicate"), full.weight, full.bias)
+        return full(F.pad(xg, (0, 0, 0, 0, left, right)))
     tconv = halocp.nn.ConvTranspose3d(2, 3, kernel_size=3, padding=1, dtype=torch.float64)
     tfull = torch.nn.ConvTranspose3d(2, 3, kernel_size=3, padding=1, dtype=torch.float64)
     tfull.load_state_dict(tconv.state_dict())
@@ -138,14 +147,15 @@ def scenario_changing():
                 full.zero_grad()
                 xg.grad = None
                 x.grad = None
-                yg = full(F.pad(xg, (0, 0, 0, 0, left, right)))
+                yg = whole(layer, full, xg, left, right)
                 gg = torch.randn_like(yg)
                 yg.backward(gg)
                 y = layer(x)
                 y.backward(shard(gg, lengths))
-                close(y, shard(yg.detach(), lengths), f"{what}: {type(layer).__name__} output")
-                close(x.grad, shard(xg.grad, lengths), f"{what}: {type(layer).__name__} input grad")
-                close(summed(layer.weight.grad), full.weight.grad, f"{what}: {type(layer).__name__} weight grad")
+                name = f"{type(layer).__name__} ({layer.padding_mode})"
+                close(y, shard(yg.detach(), lengths), f"{what}: {name} output")
+                close(x.grad, shard(xg.grad, lengths), f"{what}: {name} input grad")
+                close(summed(layer.weight.grad), full.weight.grad, f"{what}: {name} weight grad")
 
             tconv.zero_grad()
             tfull.zero_grad()
