@@ -131,18 +131,17 @@ func (p *Plan) call(c Call) (*dirCall, bool, error) {
 
 // startable checks that a call of dc's direction and kind may start now.
 func (p *Plan) startable(dc *dirCall, halos bool) error {
-	me := p.g.Rank()
 	if p.closed {
-		return fmt.Errorf("rank %d: %s on plan %d: %w", me, dc.what, p.id, ErrClosed)
+		return fmt.Errorf("rank %d: %s on plan %d: %w", p.g.Rank(), dc.what, p.id, ErrClosed)
 	}
 	if halos != p.specs[0].HalosOnly {
 		if p.specs[0].HalosOnly {
-			return fmt.Errorf("%w: rank %d: plan %d is halos-only: use the halos calls", ErrInvalid, me, p.id)
+			return fmt.Errorf("%w: rank %d: plan %d is halos-only: use the halos calls", ErrInvalid, p.g.Rank(), p.id)
 		}
-		return fmt.Errorf("%w: rank %d: plan %d has a padded output: use forward and backward", ErrInvalid, me, p.id)
+		return fmt.Errorf("%w: rank %d: plan %d has a padded output: use forward and backward", ErrInvalid, p.g.Rank(), p.id)
 	}
 	if dc.inFlight {
-		return fmt.Errorf("%w: rank %d: a %s of plan %d is already in flight (wait for it first)", ErrState, me, dc.what, p.id)
+		return fmt.Errorf("%w: rank %d: a %s of plan %d is already in flight (wait for it first)", ErrState, p.g.Rank(), dc.what, p.id)
 	}
 	return p.g.usable()
 }
@@ -407,7 +406,6 @@ func (p *instance) check(s *schedule, ptrs []unsafe.Pointer) error {
 // wire (padding, the interior, the edge ranks' +0) while the messages
 // travel. That work only rewrites what a repeated start rewrites alike.
 func (p *instance) startWith(s *schedule, ptrs []unsafe.Pointer, seq uint64) error {
-	me := p.g.Rank()
 	for i := 0; i < s.fixed; i++ {
 		s.ptrs[i], s.bases[i] = ptrs[i], uintptr(ptrs[i])
 	}
@@ -419,7 +417,7 @@ func (p *instance) startWith(s *schedule, ptrs []unsafe.Pointer, seq uint64) err
 	if s.batch != nil {
 		if err := s.batch.Post(s.bases, seq); err != nil {
 			p.release(s)
-			return p.g.fail(fmt.Errorf("rank %d: %s of plan %d: %w", me, s.what, p.id, err))
+			return p.g.fail(fmt.Errorf("rank %d: %s of plan %d: %w", p.g.Rank(), s.what, p.id, err))
 		}
 	}
 	for i := range s.zero {

@@ -3,7 +3,7 @@ package halo
 import (
 	"fmt"
 	mbits "math/bits"
-	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/halo-cp/halo/halo/transport"
@@ -48,8 +48,7 @@ type Group struct {
 	opts     GroupOptions
 	nextPlan uint32     // handle numbers, local to this rank (messages only)
 	seq      uint64     // the last collective call's number (see tag)
-	mu       sync.Mutex // guards failed, which a Close on another thread may read
-	failed   error
+	failed   atomic.Pointer[error] // the first failure; an Abort on another thread may set it
 }
 
 // NewGroup wraps a connected transport.
@@ -75,21 +74,20 @@ func NewGroup(t transport.Transport, opts GroupOptions) (*Group, error) {
 func (g *Group) Rank() int { return g.t.Rank() }
 func (g *Group) Size() int { return g.t.Size() }
 
-// Err is the failure that made the group unusable, or nil.
+// Err is the failure that made the group unusable, or nil. Read on every
+// call: atomic rather than a mutex (measured: a tenth of a 2 KiB call's
+// Go-side time went to the lock).
 func (g *Group) Err() error {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return g.failed
+	if p := g.failed.Load(); p != nil {
+		return *p
+	}
+	return nil
 }
 
 // fail records the first transport failure: after it the wire is in an
 // unknown state (sends cannot be cancelled), so every later call refuses.
 func (g *Group) fail(err error) error {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if g.failed == nil {
-		g.failed = err
-	}
+	g.failed.CompareAndSwap(nil, &err)
 	return err
 }
 
