@@ -383,6 +383,9 @@ halo_result_t halo_plan_halos_backward_start(halo_plan_t plan, const void *grad_
  * set to 1 (and the exchange finished) once its messages have all arrived,
  * else to 0. Communication advances only inside halo library calls: a
  * caller that computes between start and wait gains by testing now and then.
+ * A test that finds the exchange's messages arrived from ranks that ran
+ * another agreed layout (see halo_plan_create) agrees again and reruns the
+ * exchange before it returns: that one call blocks, within the deadline.
  */
 halo_result_t halo_plan_test(halo_plan_t plan, halo_direction_t direction, int *done);
 
