@@ -410,7 +410,7 @@ func (p *instance) stage(s *schedule, bytes int64) (int, error) {
 // sendOp prepares the send of the padded slices [lo, hi) of region r.
 func (p *instance) sendOp(s *schedule, l layoutPlan, r region, lo, hi int64, peer int, tag uint64) (*transport.Op, error) {
 	bx, o := l.box(r, lo, hi)
-	w := newWalk(bx, [][]int64{r.strides}, []int64{o})
+	w := wireWalk(bx, [][]int64{r.strides}, []int64{o})
 	if w.runs() == 0 {
 		return nil, nil // empty tensor: both sides skip the message
 	}
@@ -432,7 +432,7 @@ func (p *instance) sendOp(s *schedule, l layoutPlan, r region, lo, hi int64, pee
 // then added.
 func (p *instance) recvOp(s *schedule, l layoutPlan, r region, lo, hi int64, peer int, tag uint64, accumulate bool) (*transport.Op, error) {
 	bx, o := l.box(r, lo, hi)
-	w := newWalk(bx, [][]int64{r.strides}, []int64{o})
+	w := wireWalk(bx, [][]int64{r.strides}, []int64{o})
 	if w.runs() == 0 {
 		return nil, nil
 	}
