@@ -266,7 +266,7 @@ def buffer_params(x, lh, rh, gl, gr, gx, left, right, dim, memory, padding_mode=
 
 def _layout(comm, x: Tensor, left, right, dim, padding_mode) -> _Layout:
     """The layout of x's shape, dtype and device on the communicator (its
-    plan made collectively on first use)."""
+    plan made on first use)."""
     if left < 0 or right < 0:  # before any buffer is sized by them
         raise HaloError(_lib.ERR_INVALID_ARGUMENT, f"halocp: halo sizes must not be negative (left {left}, right {right})")
     cache = comm.cuda_layouts
@@ -275,7 +275,7 @@ def _layout(comm, x: Tensor, left, right, dim, padding_mode) -> _Layout:
     if lay is not None:
         cache.move_to_end(key)
         # The plan itself may have left the communicator's cache: look it up
-        # (a miss remakes it, collectively, on every rank alike).
+        # (a miss remakes it).
         lay.plan = lay._plan()
         return lay
     direct = x.device.type == "cuda" and _path(comm) == DIRECT

@@ -83,10 +83,10 @@ def route(form: str, t, left, right, dim, group, padding_mode, grad_strides=None
     group's communicator, once any exchange whose handle was dropped has
     been finished.
 
-    Prepared on a miss (its plan looked up, made collectively on a miss
-    there) and cached per communicator beside (not instead of) its plan
-    cache: every rank fills and clears it at the same calls, so plans are
-    still made in step. A hit is a dict lookup."""
+    Prepared on a miss (its plan looked up, made on a miss there) and
+    cached per communicator beside (not instead of) its plan cache; like
+    it, local to this rank (the exchange itself agrees with the other
+    ranks). A hit is a dict lookup."""
     comm = communicator(group)
     staged = _cuda.wanted(t)
     # Which device: x.device (a new object per call) only for the CUDA

@@ -9,7 +9,6 @@ the check for a machine with a GPU.
 
 from __future__ import annotations
 
-import ctypes
 
 import torch
 
@@ -21,18 +20,19 @@ from ranks import expect, raises
 
 
 def _memory_types() -> int:
-    types = ctypes.c_uint64(0)
-    _lib.check(_lib.lib().halo_comm_memory_types(halocp.communicator().handle, ctypes.byref(types)),
-               "halo_comm_memory_types")
-    return types.value
+    return _lib.comm_memory_types(halocp.communicator().handle)
 
 
 def _cuda_plan(memory_type, key):
     """A halos-only plan over CUDA memory (or memory_type), made through the
-    C ABI as halocp's direct path makes it."""
-    x, halo = torch.empty(2, 4), torch.empty(2, 1)
-    p = _cuda.buffer_params(x, halo, halo, halo, halo, x, 1, 1, 1, memory_type)
-    return halocp.communicator().plan(("test", key), lambda: p)
+    C ABI as halocp's direct path makes it, and its first forward (on host
+    memory: what the ranks agree on, or not, is decided before any byte
+    moves). halocp's plans are deferred: the agreement's errors come from
+    the first exchange."""
+    x, lh, rh = torch.empty(2, 4), torch.empty(2, 1), torch.empty(2, 1)
+    p = _cuda.buffer_params(x, lh, rh, lh, rh, x, 1, 1, 1, memory_type)
+    plan = halocp.communicator().plan(("test", key), lambda: p)
+    plan.run(_lib.Call.HALOS_FORWARD, x.data_ptr(), lh.data_ptr(), rh.data_ptr())
 
 
 def scenario_memory():
