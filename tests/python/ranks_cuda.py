@@ -128,6 +128,11 @@ def scenario_staged_nn():
     e = raises(lambda: layer(torch.empty(2, 3, 4, 4, 5, device="meta")), halocp.ERR_INVALID_ARGUMENT,
                "CausalConv3d of a tensor on the meta device")
     expect("is on meta" in str(e), str(e))
+    # close() releases every piece of state the communicator declares.
+    expect(comm.routes and comm.cuda_layouts and comm.cuda_path, "nothing was cached to release")
+    halocp.destroy_communicator()
+    expect((comm.routes, len(comm.cuda_layouts), comm.dropped, comm.cuda_path, comm.handle) == ({}, 0, [], None, None),
+           f"close() kept state: {comm.routes}, {comm.cuda_layouts}, {comm.dropped}, {comm.cuda_path}, {comm.handle}")
 
 
 if __name__ == "__main__":
