@@ -284,6 +284,9 @@ def _layout(comm, x: Tensor, left, right, dim, padding_mode) -> _Layout:
             lay = _Layout(comm, x, left, right, dim, padding_mode, True)
         except HaloError as e:
             # Decided from what every rank agreed on: all of them stage it.
+            # (Deferred plans are agreed in their first exchange, so a CUDA
+            # plan's refusal of a layout may come from that exchange instead,
+            # unhandled here: untested without a GPU and a CUDA-aware UCX.)
             if e.code != _lib.ERR_INVALID_ARGUMENT:
                 raise
             direct = False
