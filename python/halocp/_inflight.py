@@ -1,5 +1,6 @@
 """Exchanges in flight: the plan calls behind the asynchronous API, the
-handles it returns, exchanges whose handle was dropped, and abort.
+handles it returns, exchanges whose handle was dropped, abort, and the
+Route interface that every device path implements (_host.py, _cuda.py).
 
 libhalo lets one exchange per plan and direction be in flight; until the
 wait (or test) that finishes it, the exchange owns its tensors: the library
