@@ -69,6 +69,10 @@ halo_result_t halo_comm_memory_types(halo_comm_t comm, uint64_t *types) {
     return (halo_result_t)haloGoCommMemoryTypes((uintptr_t)comm, types, error_buffer(), HALO_ERRLEN);
 }
 
+halo_result_t halo_setting_ms(const char *name, int64_t *ms) {
+    return (halo_result_t)haloGoSettingMS((char *)name, ms, error_buffer(), HALO_ERRLEN);
+}
+
 halo_result_t halo_comm_destroy(halo_comm_t comm) {
     return (halo_result_t)haloGoCommDestroy((uintptr_t)comm, error_buffer(), HALO_ERRLEN);
 }

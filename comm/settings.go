@@ -113,6 +113,19 @@ func lookup[T any](s Setting, parse func(string) (T, error)) (T, error) {
 
 func parseString(s string) (string, error) { return s, nil }
 
+// DurationSetting reads the duration setting named by its variable (e.g.
+// HALO_BOOTSTRAP_TIMEOUT_MS) as the library does: the variable, else the
+// default; a value the library refuses is refused with the same message.
+// For bindings that run a bootstrap of their own and want its deadline.
+func DurationSetting(env string) (time.Duration, error) {
+	for _, s := range Settings {
+		if s.Env == env && s.Kind == KindDuration {
+			return lookup(s, ParseDuration)
+		}
+	}
+	return 0, fmt.Errorf("%w: %q is not a duration setting of halo", halo.ErrInvalid, env)
+}
+
 // MaxDuration is the longest duration a setting takes: 2^40 ms, the bound
 // the C API puts on its *_ms parameters, far from time.Duration's overflow.
 const MaxDuration = (1 << 40) * time.Millisecond

@@ -271,3 +271,26 @@ func TestDocumentsAgreeWithSettings(t *testing.T) {
 		}
 	}
 }
+
+// DurationSetting is how a binding reads a deadline the library owns: the
+// library's parsing and default, its refusals, and only duration settings.
+func TestDurationSetting(t *testing.T) {
+	clearSettings(t)
+	if d, err := DurationSetting(SettingBootstrapTimeout.Env); err != nil || d != time.Minute {
+		t.Errorf("unset: %v, %v; want the default 1m", d, err)
+	}
+	t.Setenv(SettingBootstrapTimeout.Env, "1m30s")
+	if d, err := DurationSetting(SettingBootstrapTimeout.Env); err != nil || d != 90*time.Second {
+		t.Errorf("1m30s: %v, %v", d, err)
+	}
+	t.Setenv(SettingBootstrapTimeout.Env, "soon")
+	if _, err := DurationSetting(SettingBootstrapTimeout.Env); !errors.Is(err, halo.ErrInvalid) ||
+		!strings.Contains(err.Error(), `HALO_BOOTSTRAP_TIMEOUT_MS="soon"`) {
+		t.Errorf("soon: %v", err)
+	}
+	for _, name := range []string{SettingJobID.Env, "HALO_NO_SUCH_MS"} {
+		if _, err := DurationSetting(name); !errors.Is(err, halo.ErrInvalid) || !strings.Contains(err.Error(), name) {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
+}

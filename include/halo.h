@@ -504,6 +504,16 @@ halo_result_t halo_plan_destroy(halo_plan_t plan);
  */
 halo_result_t halo_comm_memory_types(halo_comm_t comm, uint64_t *types);
 
+/**
+ * @brief A duration setting as the library reads it, in milliseconds:
+ * name is its variable (HALO_TIMEOUT_MS, HALO_BOOTSTRAP_TIMEOUT_MS), *ms
+ * gets the variable's value, else the default. A value the library would
+ * refuse is HALO_ERR_INVALID_ARGUMENT with the same message, and so is a
+ * name that is not a duration setting. For bindings that run a bootstrap
+ * of their own (HALO_BOOTSTRAP_EXTERNAL) and need its deadline.
+ */
+halo_result_t halo_setting_ms(const char *name, int64_t *ms);
+
 #ifdef __cplusplus
 }
 #endif

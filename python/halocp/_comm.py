@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import atexit
-import os
-import re
 import threading
 import time
 from collections import OrderedDict
@@ -38,25 +36,9 @@ def halo_dtype(dtype: torch.dtype) -> int:
         ) from None
 
 
-# halo's bootstrap deadline, as libhalo reads it (comm/settings.go): a
-# number of milliseconds, or a number with a unit. A value this cannot read
-# is left to halo_comm_create, which fails naming it.
+# The deadline of a communicator's bootstrap, which halocp runs itself
+# through the process group's store: libhalo's setting, read by libhalo.
 _BOOTSTRAP_TIMEOUT_VAR = "HALO_BOOTSTRAP_TIMEOUT_MS"
-_BOOTSTRAP_TIMEOUT_DEFAULT = 60.0
-_UNITS = {"ns": 1e-9, "us": 1e-6, "\u00b5s": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
-
-
-def bootstrap_timeout() -> float:
-    """Seconds a rank waits for the others while a communicator is made."""
-    v = os.environ.get(_BOOTSTRAP_TIMEOUT_VAR, "").strip()
-    if not v:
-        return _BOOTSTRAP_TIMEOUT_DEFAULT
-    if v.isdigit():
-        return int(v) / 1000 or _BOOTSTRAP_TIMEOUT_DEFAULT
-    m = re.fullmatch(r"(\d+(?:\.\d*)?)(ns|us|\u00b5s|ms|s|m|h)", v)
-    if not m:
-        return _BOOTSTRAP_TIMEOUT_DEFAULT
-    return float(m.group(1)) * _UNITS[m.group(2)] or _BOOTSTRAP_TIMEOUT_DEFAULT
 
 
 def _rank_list(ranks) -> str:
@@ -165,9 +147,17 @@ class Communicator:
 
         # Every rank takes part in both gathers even when its own step failed,
         # so a failure on one rank is an error on all of them, not a hang.
-        self._exchange = _Exchange(group, self.rank, self.world_size, bootstrap_timeout())
         address, failure = None, None
         try:
+            deadline = _lib.setting_seconds(_BOOTSTRAP_TIMEOUT_VAR)
+        except HaloError as e:
+            # Said on every rank through the gathers, which need some bound:
+            # any will do, this rank fails once the others have heard.
+            deadline, failure = 60.0, e
+        self._exchange = _Exchange(group, self.rank, self.world_size, deadline)
+        try:
+            if failure is not None:
+                raise failure
             if timeout is not None and not timeout > 0:
                 raise HaloError(_lib.ERR_INVALID_ARGUMENT, f"halocp: timeout must be positive seconds, not {timeout!r}")
             timeout_ms = None if timeout is None else max(1, round(timeout * 1000))

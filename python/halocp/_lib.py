@@ -260,6 +260,7 @@ def _declare(lib: ctypes.CDLL) -> None:
         },
         "halo_plan_destroy": ([vp], c_int),
         "halo_comm_memory_types": ([vp, ctypes.POINTER(ctypes.c_uint64)], c_int),
+        "halo_setting_ms": ([ctypes.c_char_p, ctypes.POINTER(ctypes.c_int64)], c_int),
         "halo_exchange_start": ([vp, c_int, ctypes.POINTER(vp), sz, vp, ctypes.POINTER(vp)], c_int),
         "halo_request_test": ([vp, ctypes.POINTER(c_int)], c_int),
         "halo_request_wait": ([vp, vp], c_int),
@@ -317,6 +318,15 @@ def error(rc: int, what: str) -> HaloError:
     if detail.startswith(reason):  # e.g. "ranks disagree on plan 3 ...": say it once
         return HaloError(rc, f"{what}: {detail}")
     return HaloError(rc, f"{what}: {reason}: {detail}" if detail else f"{what}: {reason}")
+
+
+def setting_seconds(name: str) -> float:
+    """A duration setting (e.g. HALO_BOOTSTRAP_TIMEOUT_MS) as libhalo reads
+    it, the default when unset; HaloError naming the variable and its value
+    when the library would refuse it."""
+    ms = ctypes.c_int64()
+    check(lib().halo_setting_ms(name.encode(), ctypes.byref(ms)), "halo_setting_ms")
+    return ms.value / 1000
 
 
 # ------------------------------------------------------------ communicators
