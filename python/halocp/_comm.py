@@ -155,16 +155,15 @@ class Communicator:
             # any will do, this rank fails once the others have heard.
             deadline, failure = 60.0, e
         self._exchange = _Exchange(group, self.rank, self.world_size, deadline)
-        try:
-            if failure is not None:
-                raise failure
-            if timeout is not None and not timeout > 0:
-                raise HaloError(_lib.ERR_INVALID_ARGUMENT, f"halocp: timeout must be positive seconds, not {timeout!r}")
-            timeout_ms = None if timeout is None else max(1, round(timeout * 1000))
-            self.handle = _lib.comm_create(self.rank, self.world_size, timeout_ms)
-            address = _lib.comm_address(self.handle)
-        except HaloError as e:
-            failure = e
+        if failure is None:
+            try:
+                if timeout is not None and not timeout > 0:
+                    raise HaloError(_lib.ERR_INVALID_ARGUMENT, f"halocp: timeout must be positive seconds, not {timeout!r}")
+                timeout_ms = None if timeout is None else max(1, round(timeout * 1000))
+                self.handle = _lib.comm_create(self.rank, self.world_size, timeout_ms)
+                address = _lib.comm_address(self.handle)
+            except HaloError as e:
+                failure = e
         addresses = self._gather("address", address if failure is None else failure)
         try:
             _lib.comm_connect(self.handle, addresses)
