@@ -282,6 +282,12 @@ type wireBatch struct {
 func (b wireBatch) Post(bases []uintptr) error { return b.w.classify(b.b.Post(bases)) }
 func (b wireBatch) Wait(timeout time.Duration) error {
 	err := b.w.classify(b.b.WaitFor(timeout))
+	if err == nil {
+		if r, aborted := b.b.AbortedPeer(); aborted {
+			// What came from r belongs to an exchange r abandoned.
+			return halo.Classify(halo.ErrPeerFailed, &ucx.PeerError{Rank: r, Status: ucx.StatusPeerAborted})
+		}
+	}
 	if errors.Is(err, halo.ErrTimeout) {
 		// Say which deadline ran out and who set it: a value set too late
 		// (or not at all) is the usual surprise.

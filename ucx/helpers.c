@@ -5,10 +5,15 @@
 #define _GNU_SOURCE
 #include "helpers.h"
 
+#include <ucs/debug/log_def.h>
+
 #include <dlfcn.h>
 #include <poll.h>
+#include <pthread.h>
 #include <sched.h>
 #include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -287,10 +292,156 @@ static void hux_ep_error(void *arg, ucp_ep_h ep, ucs_status_t status)
     }
 }
 
+/*
+ * While the calling thread creates an endpoint, UCX's error lines (a dead
+ * peer's shared memory that can no longer be attached, on stderr) are
+ * captured instead of printed: the caller turns the failure into an error
+ * that names the rank, and keeps the first line as its detail.
+ */
+static __thread char  *hux_quiet_buf;
+static __thread size_t hux_quiet_len;
+static pthread_once_t  hux_quiet_once = PTHREAD_ONCE_INIT;
+
+static ucs_log_func_rc_t
+hux_quiet_log(const char *file, unsigned line, const char *function,
+              ucs_log_level_t level,
+              const ucs_log_component_config_t *comp_conf,
+              const char *message, va_list ap)
+{
+    va_list aq;
+
+    (void)file; (void)line; (void)function; (void)comp_conf;
+    if ((hux_quiet_buf == NULL) || (level > UCS_LOG_LEVEL_ERROR)) {
+        return UCS_LOG_FUNC_RC_CONTINUE;
+    }
+    if (hux_quiet_buf[0] == '\0') {
+        va_copy(aq, ap);
+        vsnprintf(hux_quiet_buf, hux_quiet_len, message, aq);
+        va_end(aq);
+    }
+    return UCS_LOG_FUNC_RC_STOP;
+}
+
+static void hux_quiet_install(void)
+{
+    /* The last handler pushed runs first; it stays, idle on other threads. */
+    ucs_log_push_handler(hux_quiet_log);
+}
+
+/* Runs inside ucp_worker_progress when the peer's goodbye arrives (or its
+ * receive is cancelled, when this transport closes). */
+static void hux_bye_received(void *request, ucs_status_t status,
+                             const ucp_tag_recv_info_t *info, void *arg)
+{
+    hux_peer_t *p = arg;
+
+    (void)request;
+    if ((status != UCS_OK) || (info->length < 1) || (p->err != UCS_OK)) {
+        return;
+    }
+    p->err = (p->bye_buf[0] == HUX_BYE_ABORTED) ? HUX_ERR_PEER_ABORTED :
+                                                  HUX_ERR_PEER_CLOSED;
+}
+
+/* Posts the receive of peer's goodbye; bye_tag is its wire tag. */
+static ucs_status_t hux_bye_expect(hux_transport_t *t, int peer,
+                                   ucp_tag_t bye_tag)
+{
+    hux_peer_t *p = &t->peers[peer];
+    ucp_request_param_t param;
+    ucs_status_ptr_t sp;
+
+    memset(&param, 0, sizeof(param));
+    param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
+                         UCP_OP_ATTR_FIELD_USER_DATA |
+                         UCP_OP_ATTR_FIELD_DATATYPE |
+                         UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
+    param.cb.recv      = hux_bye_received;
+    param.user_data    = p;
+    param.datatype     = ucp_dt_make_contig(1);
+    sp = ucp_tag_recv_nbx(t->worker, p->bye_buf, sizeof(p->bye_buf), bye_tag,
+                          (ucp_tag_t)-1, &param);
+    if (UCS_PTR_IS_ERR(sp)) {
+        return UCS_PTR_STATUS(sp);
+    }
+    p->bye_req = sp;
+    return UCS_OK;
+}
+
+/*
+ * Tells every connected peer that this transport closes (HUX_BYE_ABORTED
+ * once it was aborted): one byte on the goodbye tag, ordered after every
+ * message sent to that peer before. Progresses until the sends are out or
+ * timeout_ns passes; a peer that is gone already is not waited for.
+ */
+void hux_say_goodbye(hux_transport_t *t, ucp_tag_t bye_tag, int64_t timeout_ns)
+{
+    static const unsigned char closed  = HUX_BYE_CLOSED;
+    static const unsigned char aborted = HUX_BYE_ABORTED;
+    const unsigned char *what = hux_transport_aborted(t) ? &aborted : &closed;
+    ucp_request_param_t param;
+    ucs_status_ptr_t *reqs;
+    int i, pending = 0;
+    int64_t end;
+
+    reqs = calloc(t->size, sizeof(*reqs));
+    if (reqs == NULL) {
+        return;
+    }
+    memset(&param, 0, sizeof(param));
+    param.op_attr_mask = UCP_OP_ATTR_FIELD_DATATYPE;
+    param.datatype     = ucp_dt_make_contig(1);
+    for (i = 0; i < t->size; ++i) {
+        hux_peer_t *p = &t->peers[i];
+        if ((p->ep == NULL) || (p->err != UCS_OK)) {
+            continue;
+        }
+        reqs[i] = ucp_tag_send_nbx(p->ep, what, 1, bye_tag, &param);
+        if (UCS_PTR_IS_PTR(reqs[i])) {
+            ++pending;
+        } else {
+            reqs[i] = NULL;
+        }
+    }
+    end = hux_end_ns(timeout_ns);
+    while (pending > 0) {
+        ucp_worker_progress(t->worker);
+        for (i = 0; i < t->size; ++i) {
+            if ((reqs[i] != NULL) &&
+                (ucp_request_check_status(reqs[i]) != UCS_INPROGRESS)) {
+                ucp_request_free(reqs[i]);
+                reqs[i] = NULL;
+                --pending;
+            }
+        }
+        if (hux_now_ns() >= end) {
+            break; /* the force close that follows completes the rest */
+        }
+    }
+    for (i = 0; i < t->size; ++i) {
+        if (reqs[i] != NULL) {
+            ucp_request_free(reqs[i]);
+        }
+    }
+    free(reqs);
+}
+
+/* Reads what waits on the wire (a goodbye behind the messages a batch
+ * completed on), a bounded number of times. */
+void hux_worker_poll(hux_transport_t *t)
+{
+    int i;
+
+    for (i = 0; (i < 16) && (ucp_worker_progress(t->worker) != 0); ++i) {
+    }
+}
+
 ucs_status_t hux_ep_create(hux_transport_t *t, int peer, const void *addr,
-                           int peer_err_mode)
+                           int peer_err_mode, ucp_tag_t bye_tag,
+                           char *why, size_t why_len)
 {
     ucp_ep_params_t params;
+    ucs_status_t status;
 
     memset(&params, 0, sizeof(params));
     params.field_mask      = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS |
@@ -303,7 +454,16 @@ ucs_status_t hux_ep_create(hux_transport_t *t, int peer, const void *addr,
      * transport error, with it the peer is marked failed. */
     params.err_handler.cb  = hux_ep_error;
     params.err_handler.arg = &t->peers[peer];
-    return ucp_ep_create(t->worker, &params, &t->peers[peer].ep);
+    pthread_once(&hux_quiet_once, hux_quiet_install);
+    why[0]        = '\0';
+    hux_quiet_buf = why;
+    hux_quiet_len = why_len;
+    status        = ucp_ep_create(t->worker, &params, &t->peers[peer].ep);
+    hux_quiet_buf = NULL;
+    if (status != UCS_OK) {
+        return status;
+    }
+    return hux_bye_expect(t, peer, bye_tag);
 }
 
 /*
@@ -321,6 +481,15 @@ ucs_status_t hux_ep_force_close(hux_transport_t *t, int peer, int64_t timeout_ns
     ucs_status_t status;
     int64_t end;
 
+    if (p->bye_req != NULL) {
+        /* Released by UCX once cancelled; its callback then finds err set. */
+        if (p->err == UCS_OK) {
+            p->err = UCS_ERR_CANCELED;
+        }
+        ucp_request_cancel(t->worker, p->bye_req);
+        ucp_request_free(p->bye_req);
+        p->bye_req = NULL;
+    }
     if (p->ep == NULL) {
         return UCS_OK;
     }
