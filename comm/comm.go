@@ -210,6 +210,8 @@ func (c *Comm) MemoryTypes() uint64 {
 // Close is immediate.
 func (c *Comm) Abort() {
 	c.t.Abort()
+	// Peers hear of it as soon as the wait that holds the transport ends.
+	go c.t.Goodbye()
 	c.mu.Lock()
 	g := c.g
 	c.mu.Unlock()

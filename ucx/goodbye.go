@@ -27,3 +27,15 @@ func (b *Batch) AbortedPeer() (rank int, aborted bool) {
 	}
 	return 0, false
 }
+
+// Goodbye tells every connected peer now that this transport is done (see
+// closeEndpoints), rather than when it is closed: after Abort, so that
+// peers stop at once even while the caller keeps its communicator. It
+// waits for a Wait that the abort is ending; safe to call more than once.
+func (t *Transport) Goodbye() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.c != nil && t.connected {
+		C.hux_say_goodbye(t.c, C.ucp_tag_t(t.wireTag(t.byeTag(), t.rank)), C.int64_t(abortGrace))
+	}
+}

@@ -393,9 +393,10 @@ void hux_say_goodbye(hux_transport_t *t, ucp_tag_t bye_tag, int64_t timeout_ns)
     param.datatype     = ucp_dt_make_contig(1);
     for (i = 0; i < t->size; ++i) {
         hux_peer_t *p = &t->peers[i];
-        if ((p->ep == NULL) || (p->err != UCS_OK)) {
+        if ((p->ep == NULL) || (p->err != UCS_OK) || p->bye_sent) {
             continue;
         }
+        p->bye_sent = 1;
         reqs[i] = ucp_tag_send_nbx(p->ep, what, 1, bye_tag, &param);
         if (UCS_PTR_IS_PTR(reqs[i])) {
             ++pending;

@@ -33,6 +33,7 @@ typedef struct hux_peer {
     int          rank;
     void        *bye_req;    /* the posted receive of the peer's goodbye */
     unsigned char bye_buf[8]; /* what the goodbye says (HUX_BYE_*) */
+    int          bye_sent;   /* this side's goodbye has gone to the peer */
 } hux_peer_t;
 
 /* A peer's goodbye: sent by a transport that closes, to every peer it is

@@ -12,7 +12,9 @@
  *                       success: it matched the sends of rank 0's started
  *                       exchange, which UCX had delivered)
  *   test_gone abort_idle  the same with nothing in flight, rank 1 starting
- *                       with an exchange that only sends to rank 0 */
+ *                       with an exchange that only sends to rank 0
+ *   test_gone abort_kept  as abort, rank 0 keeping its aborted communicator
+ *                       (destroyed only after rank 1 is done) */
 #include "launch.h"
 
 #include <fcntl.h>
@@ -118,7 +120,7 @@ static halo_plan_params_t params(int64_t *shape) {
  * reached rank 1, whose next forward completed on them and returned success
  * before the goodbye); otherwise with nothing in flight, and rank 1 starts
  * with a backward of a causal plan, which only sends to rank 0. */
-static int rank_abort(int port, int in_flight) {
+static int rank_abort(int port, int in_flight, int kept) {
     const int64_t timeout_ms = 2000;
     halo_comm_t c = make_comm(port, timeout_ms);
     int64_t shape[1] = {4};
@@ -134,9 +136,10 @@ static int rank_abort(int port, int in_flight) {
         usleep(200000); /* rank 1 done with the forward above */
         if (in_flight) HALO_OK(halo_plan_forward_start(plan, x, out));
         HALO_OK(halo_comm_abort(c));
+        if (kept) usleep(4000000); /* the communicator kept, aborted */
         halo_plan_destroy(plan);
         HALO_OK(halo_comm_destroy(c));
-        usleep(4000000);
+        if (!kept) usleep(4000000);
         return 0;
     }
     usleep(500000);
@@ -161,15 +164,16 @@ int main(int argc, char **argv) {
     int port = 0;
     setvbuf(stdout, NULL, _IOLBF, 0);
     if (has_flag(argc, argv, "--gone-child")) return gone_child();
-    if (rank_args(argc, argv, &port)) return rank_abort(port, has_flag(argc, argv, "abort"));
+    if (rank_args(argc, argv, &port))
+        return rank_abort(port, !has_flag(argc, argv, "abort_idle"), has_flag(argc, argv, "abort_kept"));
     const char *mode = argc > 1 ? argv[1] : "";
     if (!strcmp(mode, "connect")) return test_connect(argv[0]);
-    if (!strcmp(mode, "abort") || !strcmp(mode, "abort_idle")) {
+    if (!strcmp(mode, "abort") || !strcmp(mode, "abort_idle") || !strcmp(mode, "abort_kept")) {
         char *extra[1] = {(char *)mode};
         int bad = launch(argv[0], 2, 60, NULL, 1, extra);
         printf("test_gone %s: %s\n", mode, bad ? "FAILED" : "passed");
         return bad ? 1 : 0;
     }
-    fprintf(stderr, "usage: %s connect|abort|abort_idle\n", argv[0]);
+    fprintf(stderr, "usage: %s connect|abort|abort_idle|abort_kept\n", argv[0]);
     return 2;
 }
