@@ -293,14 +293,21 @@ halo_result_t halo_comm_connect(halo_comm_t comm, const void *const *addresses, 
 /** @brief This communicator's rank and world size. */
 halo_result_t halo_comm_get_rank(halo_comm_t comm, int *rank, int *world_size);
 
-/** @brief Destroy a communicator and every plan made on it. Local; never hangs. */
+/**
+ * @brief Destroy a communicator and every plan made on it. Local; never hangs.
+ * Peers are told: their later exchanges with this rank fail at once with
+ * HALO_ERR_PEER_FAILED naming it.
+ */
 halo_result_t halo_comm_destroy(halo_comm_t comm);
 
 /**
  * @brief Stop a communicator from any thread, for a watchdog that must end a
  * stuck exchange: every call in flight on it returns HALO_ERR_COMM_FAILED
  * within milliseconds, and so does every later call but halo_comm_destroy,
- * which is then immediate. Peers see this rank as failed. Idempotent.
+ * which is then immediate. Peers see this rank as failed: from the moment
+ * the call in flight has ended, every exchange of theirs with it fails with
+ * HALO_ERR_PEER_FAILED naming it, also one that matched what this rank sent
+ * before it aborted. Idempotent.
  */
 halo_result_t halo_comm_abort(halo_comm_t comm);
 
