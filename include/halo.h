@@ -246,6 +246,18 @@ const char *halo_version_string(void);
 const char *halo_strerror(halo_result_t result);
 
 /**
+ * @brief A HALO_* setting (the README's configuration table) as the library
+ * reads it now: the process environment, else its default. For bindings,
+ * which then never parse a setting by rules of their own. value (len bytes;
+ * NULL with len 0 to skip) receives it as text, NUL-terminated; *number (NULL
+ * to skip) receives it as a number where it is one: milliseconds for a
+ * duration, 0 or 1 for a switch, the integer for a count, else 0. An unknown
+ * name, a value the library refuses, or a value longer than len - 1 bytes is
+ * HALO_ERR_INVALID_ARGUMENT, naming it. Local, any thread.
+ */
+halo_result_t halo_setting_get(const char *name, char *value, size_t len, int64_t *number);
+
+/**
  * @brief The detailed message of the last failed call on this thread (which
  * rank, which peer, which shape), or "" if none failed. Valid until the next
  * failing call on this thread; the caller does not free it.

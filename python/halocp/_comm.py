@@ -5,7 +5,6 @@ from __future__ import annotations
 import atexit
 import ctypes
 import os
-import re
 import threading
 import time
 from collections import OrderedDict
@@ -74,25 +73,14 @@ class Plan:
                 pass
 
 
-# halo's bootstrap deadline, as libhalo reads it (comm/settings.go): a
-# number of milliseconds, or a number with a unit. A value this cannot read
-# is left to halo_comm_create, which fails naming it.
-_BOOTSTRAP_TIMEOUT_VAR = "HALO_BOOTSTRAP_TIMEOUT_MS"
-_BOOTSTRAP_TIMEOUT_DEFAULT = 60.0
-_UNITS = {"ns": 1e-9, "us": 1e-6, "\u00b5s": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
-
-
 def bootstrap_timeout() -> float:
-    """Seconds a rank waits for the others while a communicator is made."""
-    v = os.environ.get(_BOOTSTRAP_TIMEOUT_VAR, "").strip()
-    if not v:
-        return _BOOTSTRAP_TIMEOUT_DEFAULT
-    if v.isdigit():
-        return int(v) / 1000 or _BOOTSTRAP_TIMEOUT_DEFAULT
-    m = re.fullmatch(r"(\d+(?:\.\d*)?)(ns|us|\u00b5s|ms|s|m|h)", v)
-    if not m:
-        return _BOOTSTRAP_TIMEOUT_DEFAULT
-    return float(m.group(1)) * _UNITS[m.group(2)] or _BOOTSTRAP_TIMEOUT_DEFAULT
+    """Seconds a rank waits for the others while a communicator is made:
+    HALO_BOOTSTRAP_TIMEOUT_MS as libhalo reads it (halo_setting_get), so a
+    value the library refuses is refused here too, naming it."""
+    return _lib.setting(_BOOTSTRAP_TIMEOUT_VAR)[1] / 1000
+
+
+_BOOTSTRAP_TIMEOUT_VAR = "HALO_BOOTSTRAP_TIMEOUT_MS"
 
 
 def _rank_list(ranks) -> str:

@@ -262,6 +262,7 @@ def _declare(lib: ctypes.CDLL) -> None:
         "halo_request_test": ([vp, ctypes.POINTER(c_int)], c_int),
         "halo_request_wait": ([vp, vp], c_int),
         "halo_request_free": ([vp], c_int),
+        "halo_setting_get": ([ctypes.c_char_p, ctypes.c_char_p, sz, ctypes.POINTER(ctypes.c_int64)], c_int),
     }
     for name, (args, res) in sigs.items():
         fn = getattr(lib, name)
@@ -314,6 +315,15 @@ def error(rc: int, what: str) -> HaloError:
     if detail.startswith(reason):  # e.g. "ranks disagree on plan 3 ...": say it once
         return HaloError(rc, f"{what}: {detail}")
     return HaloError(rc, f"{what}: {reason}: {detail}" if detail else f"{what}: {reason}")
+
+
+def setting(name: str) -> tuple[str, int]:
+    """A HALO_* setting as libhalo reads it now (the environment, else its
+    default): its text and its number (milliseconds for a duration). A value
+    the library refuses raises HaloError(ERR_INVALID_ARGUMENT) naming it."""
+    buf, number = ctypes.create_string_buffer(4096), ctypes.c_int64()
+    check(lib().halo_setting_get(name.encode(), buf, len(buf), ctypes.byref(number)), "halo_setting_get")
+    return buf.value.decode(), number.value
 
 
 def plan_call(call: Call):
