@@ -26,7 +26,7 @@ const (
 	planParamsKnown = C.HALO_PLAN_PARAM_X_STRIDES | C.HALO_PLAN_PARAM_OUT_STRIDES | C.HALO_PLAN_PARAM_GRAD_OUT_STRIDES |
 		C.HALO_PLAN_PARAM_GRAD_X_STRIDES | C.HALO_PLAN_PARAM_PADDING | C.HALO_PLAN_PARAM_HALOS_ONLY |
 		C.HALO_PLAN_PARAM_LEFT_STRIDES | C.HALO_PLAN_PARAM_RIGHT_STRIDES | C.HALO_PLAN_PARAM_GRAD_LEFT_STRIDES |
-		C.HALO_PLAN_PARAM_GRAD_RIGHT_STRIDES | C.HALO_PLAN_PARAM_MEMORY_TYPE
+		C.HALO_PLAN_PARAM_GRAD_RIGHT_STRIDES | C.HALO_PLAN_PARAM_MEMORY_TYPE | C.HALO_PLAN_PARAM_DEFERRED
 )
 
 func invalid(format string, args ...any) error {
@@ -195,6 +195,33 @@ func haloGoCommGetRank(h C.uintptr_t, rank, size *C.int, eb *C.char, el C.size_t
 	})
 }
 
+//export haloGoSettingGet
+func haloGoSettingGet(name *C.char, value *C.char, n C.size_t, number *C.int64_t, eb *C.char, el C.size_t) C.int {
+	return exported(eb, el, func() error {
+		if name == nil {
+			return invalid("name is NULL")
+		}
+		if value == nil && n > 0 {
+			return invalid("value is NULL but len is %d", int(n))
+		}
+		text, num, err := comm.SettingValue(C.GoString(name))
+		if err != nil {
+			return err
+		}
+		if value != nil {
+			if len(text) >= int(n) {
+				return invalid("%s=%q: the value buffer of %d bytes is too short (needs %d)", C.GoString(name), text, int(n), len(text)+1)
+			}
+			buf := unsafe.Slice((*byte)(unsafe.Pointer(value)), int(n))
+			buf[copy(buf, text)] = 0
+		}
+		if number != nil {
+			*number = C.int64_t(num)
+		}
+		return nil
+	})
+}
+
 //export haloGoCommMemoryTypes
 func haloGoCommMemoryTypes(h C.uintptr_t, types *C.uint64_t, eb *C.char, el C.size_t) C.int {
 	return exported(eb, el, func() error {
@@ -276,7 +303,11 @@ func createPlan(h C.uintptr_t, count int, p *C.halo_plan_params_t, out *C.halo_p
 		return invalid("rank %d: count %d is out of range [1, %d]", e.c.Rank(), count, halo.MaxLayouts)
 	}
 	specs := make([]halo.Spec, count)
+	deferred := p.field_mask&C.HALO_PLAN_PARAM_DEFERRED != 0
 	for k, cp := range unsafe.Slice(p, count) {
+		if (cp.field_mask&C.HALO_PLAN_PARAM_DEFERRED != 0) != deferred {
+			return invalid("rank %d: params[%d] and params[0] differ in HALO_PLAN_PARAM_DEFERRED: a plan is deferred or not as a whole", e.c.Rank(), k)
+		}
 		pre := ""
 		if multi {
 			pre = fmt.Sprintf("params[%d]: ", k)
@@ -285,7 +316,7 @@ func createPlan(h C.uintptr_t, count int, p *C.halo_plan_params_t, out *C.halo_p
 			return invalid("rank %d: %v", e.c.Rank(), err)
 		}
 	}
-	plan, err := e.c.NewMultiPlan(specs)
+	plan, err := e.c.NewMultiPlan(specs, deferred)
 	if err != nil {
 		return err
 	}

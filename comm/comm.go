@@ -174,11 +174,13 @@ func (c *Comm) connect(addrs [][]byte, class error, from string) error {
 
 // NewPlan creates a plan collectively (see halo.Group.NewPlan).
 func (c *Comm) NewPlan(spec halo.Spec) (*halo.Plan, error) {
-	return c.NewMultiPlan([]halo.Spec{spec})
+	return c.NewMultiPlan([]halo.Spec{spec}, false)
 }
 
-// NewMultiPlan creates a plan over several layouts (halo.Group.NewMultiPlan).
-func (c *Comm) NewMultiPlan(specs []halo.Spec) (*halo.Plan, error) {
+// NewMultiPlan creates a plan over several layouts, collectively
+// (halo.Group.NewMultiPlan) or, deferred, locally with the agreement at
+// its first exchange (halo.Group.NewDeferredPlan).
+func (c *Comm) NewMultiPlan(specs []halo.Spec, deferred bool) (*halo.Plan, error) {
 	c.mu.Lock()
 	g, closed := c.g, c.closed
 	c.mu.Unlock()
@@ -187,6 +189,9 @@ func (c *Comm) NewMultiPlan(specs []halo.Spec) (*halo.Plan, error) {
 	}
 	if g == nil {
 		return nil, fmt.Errorf("%w: rank %d: the communicator is not connected yet (call connect with every rank's address)", halo.ErrState, c.cfg.Rank)
+	}
+	if deferred {
+		return g.NewDeferredPlan(specs)
 	}
 	return g.NewMultiPlan(specs)
 }
@@ -281,7 +286,10 @@ type wireBatch struct {
 	w wire
 }
 
-func (b wireBatch) Post(bases []uintptr) error { return b.w.classify(b.b.Post(bases)) }
+func (b wireBatch) Post(bases []uintptr, tagOr uint64) error {
+	return b.w.classify(b.b.Post(bases, tagOr))
+}
+func (b wireBatch) Received(i int) (uint64, int64) { return b.b.Received(i) }
 func (b wireBatch) Wait(timeout time.Duration) error {
 	err := b.w.classify(b.b.WaitFor(timeout))
 	if err == nil {

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -69,6 +70,53 @@ var Settings = []Setting{
 	SettingRendezvous, SettingRendezvousExternal, SettingToken, SettingJobID, SettingJobAttempt,
 	SettingTimeout, SettingBootstrapTimeout, SettingDetectPeerFailure, SettingSpinPolls, SettingTransfer,
 	SettingCUDADriver,
+}
+
+// SettingValue is the setting named env as the library reads it now (the
+// environment through Getenv, else the default): as text, and as a number
+// where it is one (milliseconds for a duration, 0 or 1 for a switch, the
+// integer for a count; else 0). For bindings, which must not parse settings
+// by rules of their own.
+func SettingValue(env string) (text string, number int64, err error) {
+	i := slices.IndexFunc(Settings, func(s Setting) bool { return s.Env == env })
+	if i < 0 {
+		return "", 0, fmt.Errorf("%w: %q is not a setting of halo %s (see the README's configuration table)", halo.ErrInvalid, env, halo.Version)
+	}
+	s := Settings[i]
+	text = Getenv(s.Env)
+	if text == "" {
+		text = s.Default
+	}
+	bad := func(err error) (string, int64, error) {
+		return "", 0, fmt.Errorf("%w: %s=%q: %v", halo.ErrInvalid, s.Env, text, err)
+	}
+	switch s.Kind {
+	case KindDuration:
+		d, err := ParseDuration(text)
+		if err != nil {
+			return bad(err)
+		}
+		number = d.Milliseconds()
+	case KindBool:
+		b, err := ParseBool(text)
+		if err != nil {
+			return bad(err)
+		}
+		if b {
+			number = 1
+		}
+	case KindInt:
+		n, err := ParseInt(text)
+		if err != nil {
+			return bad(err)
+		}
+		number = int64(n)
+	default:
+		if err := s.Check(text); err != nil {
+			return bad(err)
+		}
+	}
+	return text, number, nil
 }
 
 // Check says whether v is a value of the setting's kind.

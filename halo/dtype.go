@@ -62,19 +62,27 @@ func addInto(d DType, dst, src unsafe.Pointer, n int) {
 	case Float16:
 		a, b := unsafe.Slice((*uint16)(dst), n), unsafe.Slice((*uint16)(src), n)
 		for i := addF16Vector(a, b); i < n; i++ {
-			if s := f16Table[a[i]] + f16Table[b[i]]; s == s {
-				a[i] = F32ToF16(s)
-			} else {
-				a[i] = f16NaN(a[i], b[i], s)
-			}
+			a[i] = addF16(a[i], b[i])
 		}
 	case BFloat16:
 		a, b := unsafe.Slice((*uint16)(dst), n), unsafe.Slice((*uint16)(src), n)
 		for i := addBF16Vector(a, b); i < n; i++ {
-			a[i] = F32ToBF16(BF16ToF32(a[i]) + BF16ToF32(b[i]))
+			a[i] = addBF16(a[i], b[i])
 		}
 	}
 }
+
+// addF16 is a + b in float16 as torch's scalar CPU add computes it.
+func addF16(a, b uint16) uint16 {
+	s := f16Table[a] + f16Table[b]
+	if s != s {
+		return f16NaN(a, b, s)
+	}
+	return F32ToF16(s)
+}
+
+// addBF16 is a + b in bfloat16 as torch's scalar CPU add computes it.
+func addBF16(a, b uint16) uint16 { return F32ToBF16(BF16ToF32(a) + BF16ToF32(b)) }
 
 // f16NaN is the float16 NaN that torch's scalar CPU add gives for a + b:
 // 0x7e00 with the sign of a if a is NaN, else of b if b is, else of the

@@ -15,7 +15,9 @@ type executor interface {
 }
 
 // cpu runs the local work on the calling thread, with the vector kernels of
-// dtype.go and add_*.s.
+// dtype.go and add_*.s. It takes a walk a row at a time (walk.rows): runs of
+// up to shortRun bytes are moved by a loop of loads and stores, longer ones
+// by one memmove each.
 type cpu struct{}
 
 // largeCopy is the size of a whole copy from which stores bypass the
@@ -23,39 +25,130 @@ type cpu struct{}
 // Copy ./halo/). Below it the destination is likely read again soon.
 const largeCopy = 4 << 20
 
+// shortRun is the longest run, in bytes, that a row loop moves word by word
+// rather than by a memmove call per run: below it the call costs more than
+// the bytes (go test -bench Gather ./halo/, bench/RESULTS.md).
+const shortRun = 64
+
 // copy copies a two-operand walk: operand 0 is the destination.
 func (cpu) copy(w *walk, elem int, dst, src unsafe.Pointer) {
-	n := int(w.run) * elem
+	size := int(w.run) * elem
+	large := w.runs()*int64(size) >= largeCopy
+	e := int64(elem)
+	w.rows(func(off []int64, n int64, step []int64) {
+		copyRow(unsafe.Add(dst, off[0]*e), unsafe.Add(src, off[1]*e), int(n), size, step[0]*e, step[1]*e, large)
+	})
+}
+
+// copyRow copies n runs of size bytes, the runs ds bytes apart in dst and
+// ss bytes apart in src.
+func copyRow(d, s unsafe.Pointer, n, size int, ds, ss int64, large bool) {
+	if size <= shortRun {
+		switch a := uintptr(size) | uintptr(ds) | uintptr(ss) | uintptr(d) | uintptr(s); {
+		case a%8 == 0:
+			copyWords[uint64](d, s, n, size/8, ds, ss)
+		case a%4 == 0:
+			copyWords[uint32](d, s, n, size/4, ds, ss)
+		case a%2 == 0:
+			copyWords[uint16](d, s, n, size/2, ds, ss)
+		default:
+			copyWords[uint8](d, s, n, size, ds, ss)
+		}
+		return
+	}
 	cp := func(d, s []byte) { copy(d, s) }
-	if w.runs()*int64(n) >= largeCopy {
+	if large {
 		cp = copyLarge
 	}
-	w.each(func(off []int64) {
-		cp(unsafe.Slice((*byte)(unsafe.Add(dst, off[0]*int64(elem))), n),
-			unsafe.Slice((*byte)(unsafe.Add(src, off[1]*int64(elem))), n))
-	})
+	for i := range int64(n) {
+		cp(unsafe.Slice((*byte)(unsafe.Add(d, i*ds)), size), unsafe.Slice((*byte)(unsafe.Add(s, i*ss)), size))
+	}
+}
+
+// copyWords copies n runs of k aligned words of type T. Addresses are
+// computed from the row's start, never stepped past its last run (a pointer
+// outside its allocation is invalid in Go).
+func copyWords[T uint8 | uint16 | uint32 | uint64](d, s unsafe.Pointer, n, k int, ds, ss int64) {
+	if k == 1 {
+		for i := range int64(n) {
+			*(*T)(unsafe.Add(d, i*ds)) = *(*T)(unsafe.Add(s, i*ss))
+		}
+		return
+	}
+	for i := range int64(n) {
+		copy(unsafe.Slice((*T)(unsafe.Add(d, i*ds)), k), unsafe.Slice((*T)(unsafe.Add(s, i*ss)), k))
+	}
 }
 
 // zero clears a one-operand walk.
 func (cpu) zero(w *walk, elem int, dst unsafe.Pointer) {
-	n := int(w.run) * elem
-	w.each(func(off []int64) {
-		clear(unsafe.Slice((*byte)(unsafe.Add(dst, off[0]*int64(elem))), n))
+	size := int(w.run) * elem
+	e := int64(elem)
+	w.rows(func(off []int64, n int64, step []int64) {
+		d, ds := unsafe.Add(dst, off[0]*e), step[0]*e
+		if size <= shortRun && (uintptr(size)|uintptr(ds)|uintptr(d))%4 == 0 {
+			for i := range n {
+				clear(unsafe.Slice((*uint32)(unsafe.Add(d, i*ds)), size/4))
+			}
+			return
+		}
+		for i := range n {
+			clear(unsafe.Slice((*byte)(unsafe.Add(d, i*ds)), size))
+		}
 	})
 }
 
 // add adds operand 1 into operand 0, elementwise in dtype d.
 func (cpu) add(w *walk, d DType, dst, src unsafe.Pointer) {
-	elem := int64(d.Size())
-	w.each(func(off []int64) {
-		addInto(d, unsafe.Add(dst, off[0]*elem), unsafe.Add(src, off[1]*elem), int(w.run))
+	e := int64(d.Size())
+	w.rows(func(off []int64, n int64, step []int64) {
+		a, b := unsafe.Add(dst, off[0]*e), unsafe.Add(src, off[1]*e)
+		if w.run == 1 {
+			addStrided(d, a, b, int(n), step[0]*e, step[1]*e)
+			return
+		}
+		for i := range n {
+			addInto(d, unsafe.Add(a, i*step[0]*e), unsafe.Add(b, i*step[1]*e), int(w.run))
+		}
 	})
 }
 
 // addZero adds +0 to a one-operand walk (see the function addZero).
 func (cpu) addZero(w *walk, d DType, dst unsafe.Pointer) {
-	elem := int64(d.Size())
-	w.each(func(off []int64) {
-		addZero(d, unsafe.Add(dst, off[0]*elem), int(w.run))
+	e := int64(d.Size())
+	w.rows(func(off []int64, n int64, step []int64) {
+		a := unsafe.Add(dst, off[0]*e)
+		if w.run == 1 {
+			addStrided(d, a, unsafe.Pointer(&zeros[0]), int(n), step[0]*e, 0)
+			return
+		}
+		for i := range n {
+			addZero(d, unsafe.Add(a, i*step[0]*e), int(w.run))
+		}
 	})
+}
+
+// addStrided adds n single elements, ds bytes apart in dst and ss in src,
+// with the scalar arithmetic of addInto.
+func addStrided(d DType, dst, src unsafe.Pointer, n int, ds, ss int64) {
+	switch d {
+	case Float32:
+		for i := range int64(n) {
+			*(*float32)(unsafe.Add(dst, i*ds)) += *(*float32)(unsafe.Add(src, i*ss))
+		}
+	case Float64:
+		for i := range int64(n) {
+			*(*float64)(unsafe.Add(dst, i*ds)) += *(*float64)(unsafe.Add(src, i*ss))
+		}
+	case Float16:
+		for i := range int64(n) {
+			a := (*uint16)(unsafe.Add(dst, i*ds))
+			*a = addF16(*a, *(*uint16)(unsafe.Add(src, i*ss)))
+		}
+	case BFloat16:
+		for i := range int64(n) {
+			a := (*uint16)(unsafe.Add(dst, i*ds))
+			*a = addBF16(*a, *(*uint16)(unsafe.Add(src, i*ss)))
+		}
+	}
 }

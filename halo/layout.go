@@ -90,35 +90,85 @@ func checkStrides(shape, strides []int64, elem int, writable bool) error {
 
 // walk visits a box of a tensor as runs of elements that are contiguous in
 // every operand at once. Operands share the box's logical shape and may have
-// different strides; runs come in logical row-major order, which is the order
-// of bytes on the wire, so sender and receiver agree whatever their layouts.
+// different strides. A wire walk (wireWalk) visits runs in logical row-major
+// order, the order of bytes on the wire, so sender and receiver agree
+// whatever their layouts; a local walk (newWalk) visits them in the
+// operands' memory order, so that a channels-last copy coalesces into long
+// runs instead of going one element at a time.
 type walk struct {
 	run     int64     // elements per run
-	outer   []int64   // coalesced outer shape, row-major
+	outer   []int64   // coalesced outer shape, outermost first
 	strides [][]int64 // per operand, per outer dim, in elements
 	base    []int64   // per operand, offset of the first element, in elements
 	off     []int64   // scratch for each: a walk is used by one goroutine at a time
 	idx     []int64
+	step    []int64 // zeros, the row step of a walk without outer dims
 }
 
 // newWalk builds the walk of the box shape over operands with the given
-// strides and base offsets (in elements).
+// strides and base offsets (in elements), for local work (copies, fills,
+// additions): dims go from the largest stride in operand 0 (the one written)
+// to the smallest, ties broken by the next operands, so writes are
+// sequential where the layouts allow and dims contiguous in every operand
+// merge. Each element is visited once, which is all that local work needs of
+// the order.
 func newWalk(shape []int64, strides [][]int64, base []int64) walk {
-	k := len(strides)
-	w := walk{base: append([]int64(nil), base...), strides: make([][]int64, k)}
-	for _, n := range shape {
-		if n == 0 {
-			return w // run == 0: nothing to visit
-		}
-	}
-	// Drop size-1 dims, then merge dim i into i+1 where every operand is
-	// contiguous across them.
 	var dims []int
 	for i, n := range shape {
 		if n != 1 {
 			dims = append(dims, i)
 		}
 	}
+	// inside says whether dim a goes inside dim b: the first operand whose
+	// strides for them differ decides (magnitudes: a reversed read is still
+	// a walk through memory).
+	inside := func(a, b int) bool {
+		for _, s := range strides {
+			if x, y := abs(s[a]), abs(s[b]); x != y {
+				return x < y
+			}
+		}
+		return false
+	}
+	for a := 1; a < len(dims); a++ { // insertion sort, stable; ndim <= 8
+		for b := a; b > 0 && inside(dims[b-1], dims[b]); b-- {
+			dims[b], dims[b-1] = dims[b-1], dims[b]
+		}
+	}
+	return buildWalk(shape, strides, base, dims)
+}
+
+// wireWalk builds the walk of the box in logical row-major order: the order
+// of a message's bytes, which both ends of it share.
+func wireWalk(shape []int64, strides [][]int64, base []int64) walk {
+	var dims []int
+	for i, n := range shape {
+		if n != 1 {
+			dims = append(dims, i)
+		}
+	}
+	return buildWalk(shape, strides, base, dims)
+}
+
+func abs(x int64) int64 {
+	if x < 0 {
+		return -x
+	}
+	return x
+}
+
+// buildWalk builds the walk that visits dims (all of shape's dims of size
+// other than 1) outermost first.
+func buildWalk(shape []int64, strides [][]int64, base []int64, dims []int) walk {
+	k := len(strides)
+	w := walk{base: append([]int64(nil), base...), strides: make([][]int64, k), step: make([]int64, k)}
+	for _, n := range shape {
+		if n == 0 {
+			return w // run == 0: nothing to visit
+		}
+	}
+	// Merge dim i into the next one where every operand is contiguous
+	// across them.
 	type d struct {
 		n int64
 		s []int64
@@ -181,18 +231,29 @@ func (w *walk) runs() int64 {
 	return n
 }
 
-// each calls fn with every operand's element offset of each run, in order.
-// The offsets slice is reused between calls.
-func (w *walk) each(fn func(off []int64)) {
+// rows calls fn for each row of the walk: n runs, the first at every
+// operand's element offset off, the next ones step elements apart per
+// operand (the innermost outer dim). Kernels loop over a row themselves, so
+// short runs cost no call each. The slices are reused between calls.
+func (w *walk) rows(fn func(off []int64, n int64, step []int64)) {
 	if w.run == 0 {
 		return
 	}
-	off, idx := w.off, w.idx
+	off := w.off
 	copy(off, w.base)
+	last := len(w.outer) - 1
+	if last < 0 {
+		fn(off, 1, w.step)
+		return
+	}
+	for j := range w.step {
+		w.step[j] = w.strides[j][last]
+	}
+	idx := w.idx[:last]
 	clear(idx)
 	for {
-		fn(off)
-		i := len(idx) - 1
+		fn(off, w.outer[last], w.step)
+		i := last - 1
 		for ; i >= 0; i-- {
 			idx[i]++
 			for j := range off {
@@ -210,6 +271,21 @@ func (w *walk) each(fn func(off []int64)) {
 			return
 		}
 	}
+}
+
+// each calls fn with every operand's element offset of each run, in order.
+// The offsets slice is reused between calls.
+func (w *walk) each(fn func(off []int64)) {
+	at := make([]int64, len(w.base))
+	w.rows(func(off []int64, n int64, step []int64) {
+		copy(at, off)
+		for r := int64(0); r < n; r++ {
+			fn(at)
+			for j := range at {
+				at[j] += step[j]
+			}
+		}
+	})
 }
 
 // segments lists the byte ranges of operand 0 of a single-operand walk, in

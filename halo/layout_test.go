@@ -3,12 +3,14 @@ package halo
 import (
 	"math"
 	"math/rand"
+	"slices"
 	"testing"
 	"unsafe"
 )
 
-// The walk must visit exactly the elements of the box, in logical row-major
-// order, for every operand at once.
+// A wire walk must visit exactly the elements of the box, in logical
+// row-major order, for every operand at once; a local walk the same
+// elements, each once, in any order.
 func TestWalkAgainstBruteForce(t *testing.T) {
 	rng := rand.New(rand.NewSource(3))
 	for it := 0; it < 2000; it++ {
@@ -27,40 +29,83 @@ func TestWalkAgainstBruteForce(t *testing.T) {
 			strides[j] = RandomStrides(rng, shape)
 			base[j] = int64(rng.Intn(10))
 		}
-		w := newWalk(shape, strides, base)
-		var got [][]int64
-		w.each(func(off []int64) {
-			for e := int64(0); e < w.run; e++ {
-				o := make([]int64, k)
-				for j := range o {
-					o[j] = off[j] + e // runs are contiguous in every operand
-				}
-				got = append(got, o)
-			}
-		})
 		total := Numel(shape)
-		if int64(len(got)) != total || w.runs()*w.run != total {
-			t.Fatalf("shape %v strides %v: visited %d elements (runs %d x %d), want %d", shape, strides, len(got), w.runs(), w.run, total)
-		}
+		want := make([][]int64, total)
 		idx := make([]int64, nd)
-		for i := int64(0); i < total; i++ {
-			Unravel(shape, i, idx)
+		for i := range want {
+			Unravel(shape, int64(i), idx)
+			want[i] = make([]int64, k)
 			for j := range strides {
-				if want := base[j] + OffsetOf(idx, strides[j]); got[i][j] != want {
-					t.Fatalf("shape %v strides %v: element %d operand %d at %d, want %d", shape, strides, i, j, got[i][j], want)
+				want[i][j] = base[j] + OffsetOf(idx, strides[j])
+			}
+		}
+		for _, local := range []bool{false, true} {
+			w := wireWalk(shape, strides, base)
+			if local {
+				w = newWalk(shape, strides, base)
+			}
+			got := visited(&w)
+			if int64(len(got)) != total || w.runs()*w.run != total {
+				t.Fatalf("local %v shape %v strides %v: visited %d elements (runs %d x %d), want %d", local, shape, strides, len(got), w.runs(), w.run, total)
+			}
+			if local {
+				sortOffsets(got)
+				sortOffsets(want)
+			}
+			for i := range got {
+				if !slices.Equal(got[i], want[i]) {
+					t.Fatalf("local %v shape %v strides %v: element %d at %v, want %v", local, shape, strides, i, got[i], want[i])
+				}
+			}
+			if k == 1 && total > 0 {
+				segs := w.segments(4, 0)
+				var n int64
+				for _, s := range segs {
+					n += s.Len
+				}
+				if n != total*4 {
+					t.Fatalf("segments cover %d bytes, want %d", n, total*4)
 				}
 			}
 		}
-		if k == 1 && total > 0 {
-			segs := w.segments(4, 0)
-			var n int64
-			for _, s := range segs {
-				n += s.Len
+	}
+}
+
+// visited lists the element offsets, per operand, that a walk visits.
+func visited(w *walk) [][]int64 {
+	var got [][]int64
+	w.each(func(off []int64) {
+		for e := int64(0); e < w.run; e++ {
+			o := make([]int64, len(off))
+			for j := range o {
+				o[j] = off[j] + e // runs are contiguous in every operand
 			}
-			if n != total*4 {
-				t.Fatalf("segments cover %d bytes, want %d", n, total*4)
-			}
+			got = append(got, o)
 		}
+	})
+	return got
+}
+
+func sortOffsets(o [][]int64) { slices.SortFunc(o, slices.Compare[[]int64]) }
+
+// A local walk follows memory order: a channels-last copy is one run, and a
+// channels-last slab along H is W runs of C elements.
+func TestLocalWalkFollowsMemory(t *testing.T) {
+	shape := []int64{2, 8, 5, 6} // N, C, H, W
+	cl := []int64{5 * 6 * 8, 1, 6 * 8, 8}
+	if w := newWalk(shape, [][]int64{cl, cl}, []int64{0, 0}); w.runs() != 1 || w.run != 2*8*5*6 {
+		t.Fatalf("channels-last copy: %d runs of %d, want 1 of %d", w.runs(), w.run, 2*8*5*6)
+	}
+	if w := wireWalk(shape, [][]int64{cl, cl}, []int64{0, 0}); w.run != 1 {
+		t.Fatalf("channels-last wire walk: runs of %d, want 1 (logical order)", w.run)
+	}
+	box := []int64{1, 8, 1, 6}
+	if w := newWalk(box, [][]int64{cl}, []int64{0}); w.runs() != 1 || w.run != 48 {
+		t.Fatalf("channels-last H slab: %d runs of %d, want 1 of 48", w.runs(), w.run)
+	}
+	box = []int64{1, 8, 5, 1} // a W slab: H runs of C
+	if w := newWalk(box, [][]int64{cl}, []int64{0}); w.runs() != 5 || w.run != 8 {
+		t.Fatalf("channels-last W slab: %d runs of %d, want 5 of 8", w.runs(), w.run)
 	}
 }
 

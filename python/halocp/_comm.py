@@ -5,7 +5,6 @@ from __future__ import annotations
 import atexit
 import ctypes
 import os
-import re
 import threading
 import time
 from collections import OrderedDict
@@ -74,25 +73,14 @@ class Plan:
                 pass
 
 
-# halo's bootstrap deadline, as libhalo reads it (comm/settings.go): a
-# number of milliseconds, or a number with a unit. A value this cannot read
-# is left to halo_comm_create, which fails naming it.
-_BOOTSTRAP_TIMEOUT_VAR = "HALO_BOOTSTRAP_TIMEOUT_MS"
-_BOOTSTRAP_TIMEOUT_DEFAULT = 60.0
-_UNITS = {"ns": 1e-9, "us": 1e-6, "\u00b5s": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
-
-
 def bootstrap_timeout() -> float:
-    """Seconds a rank waits for the others while a communicator is made."""
-    v = os.environ.get(_BOOTSTRAP_TIMEOUT_VAR, "").strip()
-    if not v:
-        return _BOOTSTRAP_TIMEOUT_DEFAULT
-    if v.isdigit():
-        return int(v) / 1000 or _BOOTSTRAP_TIMEOUT_DEFAULT
-    m = re.fullmatch(r"(\d+(?:\.\d*)?)(ns|us|\u00b5s|ms|s|m|h)", v)
-    if not m:
-        return _BOOTSTRAP_TIMEOUT_DEFAULT
-    return float(m.group(1)) * _UNITS[m.group(2)] or _BOOTSTRAP_TIMEOUT_DEFAULT
+    """Seconds a rank waits for the others while a communicator is made:
+    HALO_BOOTSTRAP_TIMEOUT_MS as libhalo reads it (halo_setting_get), so a
+    value the library refuses is refused here too, naming it."""
+    return _lib.setting(_BOOTSTRAP_TIMEOUT_VAR)[1] / 1000
+
+
+_BOOTSTRAP_TIMEOUT_VAR = "HALO_BOOTSTRAP_TIMEOUT_MS"
 
 
 def _rank_list(ranks) -> str:
@@ -256,13 +244,14 @@ class Communicator:
         return [v[1:] for v in everyone]
 
     def plan(self, key: tuple, make_params) -> Plan:
-        """The cached plan for key, or a new one made collectively from
-        make_params() (called on a miss only).
+        """The cached plan for key, or a new one made from make_params()
+        (called on a miss only).
 
-        key must hold everything the plan depends on, on this rank: every rank
-        of the group looks its keys up in the same order and must miss
-        together (a rank that finds its plan while another makes one would
-        leave the other waiting until the timeout).
+        key holds everything the plan depends on, on this rank. The plan is
+        made locally (deferred) and agreed on in its exchanges: ranks may
+        find or miss their plans independently (a rank whose shard shape
+        repeats while another's is new), the exchange itself brings them to
+        one agreed layout.
         """
         with self.lock:
             p = self._plans.get(key)
@@ -283,7 +272,8 @@ class Communicator:
             return p
 
     def clear_plans(self) -> None:
-        """Forget every cached plan (local; do it on every rank at the same point)."""
+        """Forget every cached plan (local: frees their memory; never needed
+        for correctness)."""
         with self.lock:
             self._plans.clear()
             self.calls.clear()
@@ -373,15 +363,13 @@ def communicator(group=None, *, timeout: float | None = None) -> Communicator:
 
 
 def clear_plans(group=None) -> None:
-    """Forget the group's cached plans (local: call it on every rank at the
-    same point of the call sequence).
+    """Forget the group's cached plans and free their memory (local; any
+    rank, any time no exchange of the group is in flight).
 
-    Plans are keyed on each rank's own layout, and making one is collective,
-    so the ranks must find or miss their plans together. They do whenever
-    every rank's layouts come round in the same pattern, as in a training
-    loop. When the global layout changes but some rank's own shard does not
-    (T = 10 -> 11 over two ranks is (5, 5) -> (6, 5)), clear the plans on
-    every rank first.
+    Never needed for correctness: a plan is keyed on this rank's own layout,
+    and every exchange checks that all ranks run the same agreed layout (with
+    every rank's shard length), agreeing again within the exchange when they
+    do not. Sequence lengths may change from step to step.
     """
     comm = _comms.get(resolve_group(group))
     if comm is not None:
