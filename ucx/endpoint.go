@@ -55,7 +55,7 @@ func (t *Transport) Connect(addrs [][]byte) error {
 		}
 		ca := C.CBytes(a)
 		var why [256]C.char
-		st := C.hux_ep_create(t.c, C.int(i), ca, peerMode, C.ucp_tag_t(t.wireTag(t.byeTag(), i)), &why[0], C.size_t(len(why)))
+		st := C.hux_ep_create(t.c, C.int(i), ca, peerMode, &why[0], C.size_t(len(why)))
 		C.free(ca)
 		if st != C.UCS_OK {
 			t.closeEndpoints()
@@ -64,12 +64,6 @@ func (t *Transport) Connect(addrs [][]byte) error {
 	}
 	t.connected = true
 	return nil
-}
-
-// byeTag is the caller's tag of goodbyes: the largest, every caller bit set,
-// which halo's tags never reach.
-func (t *Transport) byeTag() uint64 {
-	return uint64(1)<<(64-t.rankBits) - 1
 }
 
 // closeEndpoints force-closes every endpoint: it never waits for a peer, so
@@ -81,7 +75,7 @@ func (t *Transport) byeTag() uint64 {
 // within abortGrace.
 func (t *Transport) closeEndpoints() []int {
 	if t.connected {
-		C.hux_say_goodbye(t.c, C.ucp_tag_t(t.wireTag(t.byeTag(), t.rank)), C.int64_t(abortGrace))
+		C.hux_say_goodbye(t.c, C.int64_t(abortGrace))
 	}
 	var slow []int
 	for i := 0; i < t.size; i++ {

@@ -36,6 +36,6 @@ func (t *Transport) Goodbye() {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.c != nil && t.connected {
-		C.hux_say_goodbye(t.c, C.ucp_tag_t(t.wireTag(t.byeTag(), t.rank)), C.int64_t(abortGrace))
+		C.hux_say_goodbye(t.c, C.int64_t(abortGrace))
 	}
 }

@@ -134,7 +134,7 @@ ucs_status_t hux_init(ucp_config_t *config, int size, int wakeup,
                                UCP_PARAM_FIELD_MT_WORKERS_SHARED |
                                UCP_PARAM_FIELD_ESTIMATED_NUM_EPS |
                                UCP_PARAM_FIELD_NAME;
-    params.features          = UCP_FEATURE_TAG |
+    params.features          = UCP_FEATURE_TAG | UCP_FEATURE_AM | /* goodbyes */
                                (wakeup ? UCP_FEATURE_WAKEUP : 0);
     params.mt_workers_shared = 0;
     params.estimated_num_eps = (size > 1) ? size - 1 : 1;
@@ -157,6 +157,8 @@ ucs_status_t hux_context_memory_types(ucp_context_h context, uint64_t *types)
     return status;
 }
 
+static ucs_status_t hux_bye_listen(hux_transport_t *t);
+
 ucs_status_t hux_worker_create(hux_transport_t *t, int wakeup)
 {
     ucp_worker_params_t params;
@@ -167,6 +169,9 @@ ucs_status_t hux_worker_create(hux_transport_t *t, int wakeup)
     params.field_mask  = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
     params.thread_mode = UCS_THREAD_MODE_SERIALIZED;
     status = ucp_worker_create(t->context, &params, &t->worker);
+    if (status == UCS_OK) {
+        status = hux_bye_listen(t);
+    }
     if ((status != UCS_OK) || !wakeup) {
         return status;
     }
@@ -328,57 +333,62 @@ static void hux_quiet_install(void)
     ucs_log_push_handler(hux_quiet_log);
 }
 
-/* Runs inside ucp_worker_progress when the peer's goodbye arrives (or its
- * receive is cancelled, when this transport closes). */
-static void hux_bye_received(void *request, ucs_status_t status,
-                             const ucp_tag_recv_info_t *info, void *arg)
+/* Runs inside ucp_worker_progress when a peer's goodbye arrives. */
+static ucs_status_t hux_bye_received(void *arg, const void *header,
+                                     size_t header_length, void *data,
+                                     size_t length,
+                                     const ucp_am_recv_param_t *param)
 {
-    hux_peer_t *p = arg;
+    hux_transport_t *t = arg;
+    int32_t bye[2];
+    hux_peer_t *p;
 
-    (void)request;
-    if ((status != UCS_OK) || (info->length < 1) || (p->err != UCS_OK)) {
-        return;
+    (void)header; (void)header_length;
+    if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) ||
+        (length != sizeof(bye))) {
+        return UCS_OK; /* not ours: dropped */
     }
-    p->err = (p->bye_buf[0] == HUX_BYE_ABORTED) ? HUX_ERR_PEER_ABORTED :
-                                                  HUX_ERR_PEER_CLOSED;
-}
-
-/* Posts the receive of peer's goodbye; bye_tag is its wire tag. */
-static ucs_status_t hux_bye_expect(hux_transport_t *t, int peer,
-                                   ucp_tag_t bye_tag)
-{
-    hux_peer_t *p = &t->peers[peer];
-    ucp_request_param_t param;
-    ucs_status_ptr_t sp;
-
-    memset(&param, 0, sizeof(param));
-    param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK |
-                         UCP_OP_ATTR_FIELD_USER_DATA |
-                         UCP_OP_ATTR_FIELD_DATATYPE |
-                         UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
-    param.cb.recv      = hux_bye_received;
-    param.user_data    = p;
-    param.datatype     = ucp_dt_make_contig(1);
-    sp = ucp_tag_recv_nbx(t->worker, p->bye_buf, sizeof(p->bye_buf), bye_tag,
-                          (ucp_tag_t)-1, &param);
-    if (UCS_PTR_IS_ERR(sp)) {
-        return UCS_PTR_STATUS(sp);
+    memcpy(bye, data, sizeof(bye));
+    if ((bye[0] < 0) || (bye[0] >= t->size) || (bye[0] == t->rank)) {
+        return UCS_OK;
     }
-    p->bye_req = sp;
+    p = &t->peers[bye[0]];
+    if (p->err == UCS_OK) {
+        p->err = (bye[1] == HUX_BYE_ABORTED) ? HUX_ERR_PEER_ABORTED :
+                                               HUX_ERR_PEER_CLOSED;
+    }
     return UCS_OK;
 }
 
 /*
- * Tells every connected peer that this transport closes (HUX_BYE_ABORTED
- * once it was aborted): one byte on the goodbye tag, ordered after every
- * message sent to that peer before. Progresses until the sends are out or
- * timeout_ns passes; a peer that is gone already is not waited for.
+ * Goodbyes travel as UCX active messages of their own id, outside the tag
+ * space, which is all the caller's (halo matches on parts of tags). On one
+ * endpoint they follow the tag messages sent before them (same lane, in
+ * order, for shared memory and TCP).
  */
-void hux_say_goodbye(hux_transport_t *t, ucp_tag_t bye_tag, int64_t timeout_ns)
+static ucs_status_t hux_bye_listen(hux_transport_t *t)
 {
-    static const unsigned char closed  = HUX_BYE_CLOSED;
-    static const unsigned char aborted = HUX_BYE_ABORTED;
-    const unsigned char *what = hux_transport_aborted(t) ? &aborted : &closed;
+    ucp_am_handler_param_t param;
+
+    memset(&param, 0, sizeof(param));
+    param.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID |
+                       UCP_AM_HANDLER_PARAM_FIELD_CB |
+                       UCP_AM_HANDLER_PARAM_FIELD_ARG;
+    param.id         = HUX_AM_BYE;
+    param.cb         = hux_bye_received;
+    param.arg        = t;
+    return ucp_worker_set_am_recv_handler(t->worker, &param);
+}
+
+/*
+ * Tells every connected peer that this transport closes (HUX_BYE_ABORTED
+ * once it was aborted), after every message sent to that peer before.
+ * Progresses until the sends are out or timeout_ns passes; a peer that is
+ * gone already is not waited for. Each peer is told once.
+ */
+void hux_say_goodbye(hux_transport_t *t, int64_t timeout_ns)
+{
+    int32_t what = hux_transport_aborted(t) ? HUX_BYE_ABORTED : HUX_BYE_CLOSED;
     ucp_request_param_t param;
     ucs_status_ptr_t *reqs;
     int i, pending = 0;
@@ -389,15 +399,18 @@ void hux_say_goodbye(hux_transport_t *t, ucp_tag_t bye_tag, int64_t timeout_ns)
         return;
     }
     memset(&param, 0, sizeof(param));
-    param.op_attr_mask = UCP_OP_ATTR_FIELD_DATATYPE;
-    param.datatype     = ucp_dt_make_contig(1);
+    param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    param.flags        = UCP_AM_SEND_FLAG_EAGER;
     for (i = 0; i < t->size; ++i) {
         hux_peer_t *p = &t->peers[i];
         if ((p->ep == NULL) || (p->err != UCS_OK) || p->bye_sent) {
             continue;
         }
         p->bye_sent = 1;
-        reqs[i] = ucp_tag_send_nbx(p->ep, what, 1, bye_tag, &param);
+        p->bye[0]   = t->rank;
+        p->bye[1]   = what;
+        reqs[i] = ucp_am_send_nbx(p->ep, HUX_AM_BYE, NULL, 0, p->bye,
+                                  sizeof(p->bye), &param);
         if (UCS_PTR_IS_PTR(reqs[i])) {
             ++pending;
         } else {
@@ -416,12 +429,12 @@ void hux_say_goodbye(hux_transport_t *t, ucp_tag_t bye_tag, int64_t timeout_ns)
             }
         }
         if (hux_now_ns() >= end) {
-            break; /* the force close that follows completes the rest */
+            break;
         }
     }
     for (i = 0; i < t->size; ++i) {
         if (reqs[i] != NULL) {
-            ucp_request_free(reqs[i]);
+            ucp_request_free(reqs[i]); /* the force close ends it */
         }
     }
     free(reqs);
@@ -438,8 +451,7 @@ void hux_worker_poll(hux_transport_t *t)
 }
 
 ucs_status_t hux_ep_create(hux_transport_t *t, int peer, const void *addr,
-                           int peer_err_mode, ucp_tag_t bye_tag,
-                           char *why, size_t why_len)
+                           int peer_err_mode, char *why, size_t why_len)
 {
     ucp_ep_params_t params;
     ucs_status_t status;
@@ -461,10 +473,7 @@ ucs_status_t hux_ep_create(hux_transport_t *t, int peer, const void *addr,
     hux_quiet_len = why_len;
     status        = ucp_ep_create(t->worker, &params, &t->peers[peer].ep);
     hux_quiet_buf = NULL;
-    if (status != UCS_OK) {
-        return status;
-    }
-    return hux_bye_expect(t, peer, bye_tag);
+    return status;
 }
 
 /*
@@ -482,15 +491,6 @@ ucs_status_t hux_ep_force_close(hux_transport_t *t, int peer, int64_t timeout_ns
     ucs_status_t status;
     int64_t end;
 
-    if (p->bye_req != NULL) {
-        /* Released by UCX once cancelled; its callback then finds err set. */
-        if (p->err == UCS_OK) {
-            p->err = UCS_ERR_CANCELED;
-        }
-        ucp_request_cancel(t->worker, p->bye_req);
-        ucp_request_free(p->bye_req);
-        p->bye_req = NULL;
-    }
     if (p->ep == NULL) {
         return UCS_OK;
     }
