@@ -17,18 +17,22 @@
  *                       (destroyed only after rank 1 is done) */
 #include "launch.h"
 
-#include <fcntl.h>
-
-/* The child of "connect": prints its address in hex and exits at once. */
-static int gone_child(void) {
+/* Rank `rank` of 2 with an external bootstrap, and its address. */
+static halo_comm_t external_comm(int rank, const void **addr, size_t *len) {
     halo_comm_params_t p = HALO_COMM_PARAMS_INITIALIZER;
     p.field_mask = HALO_COMM_PARAM_BOOTSTRAP;
     p.bootstrap = HALO_BOOTSTRAP_EXTERNAL;
     halo_comm_t c;
-    HALO_OK(halo_comm_create(1, 2, &p, &c));
+    HALO_OK(halo_comm_create(rank, 2, &p, &c));
+    HALO_OK(halo_comm_get_address(c, addr, len));
+    return c;
+}
+
+/* The child of "connect": prints its address in hex and exits at once. */
+static int gone_child(void) {
     const void *a;
     size_t n;
-    HALO_OK(halo_comm_get_address(c, &a, &n));
+    external_comm(1, &a, &n);
     for (size_t i = 0; i < n; i++) printf("%02x", ((const unsigned char *)a)[i]);
     printf("\n");
     fflush(stdout);
@@ -69,14 +73,9 @@ static int test_connect(const char *self) {
     }
     CHECK(WIFEXITED(status) && n > 0, "the child gave no address (status %#x)", status);
 
-    halo_comm_params_t p = HALO_COMM_PARAMS_INITIALIZER;
-    p.field_mask = HALO_COMM_PARAM_BOOTSTRAP;
-    p.bootstrap = HALO_BOOTSTRAP_EXTERNAL;
-    halo_comm_t c;
-    HALO_OK(halo_comm_create(0, 2, &p, &c));
     const void *own;
     size_t own_len;
-    HALO_OK(halo_comm_get_address(c, &own, &own_len));
+    halo_comm_t c = external_comm(0, &own, &own_len);
     const void *addrs[2] = {own, addr};
     size_t lens[2] = {own_len, n};
 
