@@ -46,9 +46,9 @@ func copyRow(d, s unsafe.Pointer, n, size int, ds, ss int64, large bool) {
 	if size <= shortRun {
 		switch a := uintptr(size) | uintptr(ds) | uintptr(ss) | uintptr(d) | uintptr(s); {
 		case a%8 == 0:
-			copyWords[uint64](d, s, n, size/8, ds, ss)
+			copyWords8(d, s, n, size/8, ds, ss)
 		case a%4 == 0:
-			copyWords[uint32](d, s, n, size/4, ds, ss)
+			copyWords4(d, s, n, size/4, ds, ss)
 		case a%2 == 0:
 			copyWords[uint16](d, s, n, size/2, ds, ss)
 		default:
@@ -56,27 +56,81 @@ func copyRow(d, s unsafe.Pointer, n, size int, ds, ss int64, large bool) {
 		}
 		return
 	}
-	cp := func(d, s []byte) { copy(d, s) }
-	if large {
-		cp = copyLarge
-	}
 	for i := range int64(n) {
-		cp(unsafe.Slice((*byte)(unsafe.Add(d, i*ds)), size), unsafe.Slice((*byte)(unsafe.Add(s, i*ss)), size))
+		dr, sr := unsafe.Slice((*byte)(unsafe.Add(d, i*ds)), size), unsafe.Slice((*byte)(unsafe.Add(s, i*ss)), size)
+		if large {
+			copyLarge(dr, sr)
+		} else {
+			copy(dr, sr)
+		}
 	}
 }
 
-// copyWords copies n runs of k aligned words of type T. Addresses are
-// computed from the row's start, never stepped past its last run (a pointer
-// outside its allocation is invalid in Go).
-func copyWords[T uint8 | uint16 | uint32 | uint64](d, s unsafe.Pointer, n, k int, ds, ss int64) {
-	if k == 1 {
-		for i := range int64(n) {
-			*(*T)(unsafe.Add(d, i*ds)) = *(*T)(unsafe.Add(s, i*ss))
-		}
-		return
+// copyWords8 copies n runs of k aligned 8-byte words, each run as one
+// fixed-size move (the compiler emits vector loads and stores for it).
+func copyWords8(d, s unsafe.Pointer, n, k int, ds, ss int64) {
+	switch k {
+	case 1:
+		copyRuns[uint64](d, s, n, ds, ss)
+	case 2:
+		copyRuns[[2]uint64](d, s, n, ds, ss)
+	case 3:
+		copyRuns[[3]uint64](d, s, n, ds, ss)
+	case 4:
+		copyRuns[[4]uint64](d, s, n, ds, ss)
+	case 5:
+		copyRuns[[5]uint64](d, s, n, ds, ss)
+	case 6:
+		copyRuns[[6]uint64](d, s, n, ds, ss)
+	case 7:
+		copyRuns[[7]uint64](d, s, n, ds, ss)
+	case 8:
+		copyRuns[[8]uint64](d, s, n, ds, ss)
+	default:
+		copyWords[uint64](d, s, n, k, ds, ss)
 	}
+}
+
+// copyWords4 is copyWords8 for 4-byte words.
+func copyWords4(d, s unsafe.Pointer, n, k int, ds, ss int64) {
+	switch k {
+	case 1:
+		copyRuns[uint32](d, s, n, ds, ss)
+	case 2:
+		copyRuns[[2]uint32](d, s, n, ds, ss)
+	case 3:
+		copyRuns[[3]uint32](d, s, n, ds, ss)
+	case 4:
+		copyRuns[[4]uint32](d, s, n, ds, ss)
+	case 5:
+		copyRuns[[5]uint32](d, s, n, ds, ss)
+	case 6:
+		copyRuns[[6]uint32](d, s, n, ds, ss)
+	case 7:
+		copyRuns[[7]uint32](d, s, n, ds, ss)
+	case 8:
+		copyRuns[[8]uint32](d, s, n, ds, ss)
+	default:
+		copyWords[uint32](d, s, n, k, ds, ss)
+	}
+}
+
+// copyRuns copies n runs of one T each. Addresses are computed from the
+// row's start, never stepped past its last run (a pointer outside its
+// allocation is invalid in Go).
+func copyRuns[T any](d, s unsafe.Pointer, n int, ds, ss int64) {
 	for i := range int64(n) {
-		copy(unsafe.Slice((*T)(unsafe.Add(d, i*ds)), k), unsafe.Slice((*T)(unsafe.Add(s, i*ss)), k))
+		*(*T)(unsafe.Add(d, i*ds)) = *(*T)(unsafe.Add(s, i*ss))
+	}
+}
+
+// copyWords copies n runs of k aligned words of type T.
+func copyWords[T uint8 | uint16 | uint32 | uint64](d, s unsafe.Pointer, n, k int, ds, ss int64) {
+	for i := range int64(n) {
+		dw, sw := unsafe.Slice((*T)(unsafe.Add(d, i*ds)), k), unsafe.Slice((*T)(unsafe.Add(s, i*ss)), k)
+		for j := range dw {
+			dw[j] = sw[j]
+		}
 	}
 }
 
@@ -86,16 +140,33 @@ func (cpu) zero(w *walk, elem int, dst unsafe.Pointer) {
 	e := int64(elem)
 	w.rows(func(off []int64, n int64, step []int64) {
 		d, ds := unsafe.Add(dst, off[0]*e), step[0]*e
-		if size <= shortRun && (uintptr(size)|uintptr(ds)|uintptr(d))%4 == 0 {
+		if size > shortRun {
 			for i := range n {
-				clear(unsafe.Slice((*uint32)(unsafe.Add(d, i*ds)), size/4))
+				clear(unsafe.Slice((*byte)(unsafe.Add(d, i*ds)), size))
 			}
 			return
 		}
-		for i := range n {
-			clear(unsafe.Slice((*byte)(unsafe.Add(d, i*ds)), size))
+		switch a := uintptr(size) | uintptr(ds) | uintptr(d); {
+		case a%8 == 0:
+			zeroWords[uint64](d, int(n), size/8, ds)
+		case a%4 == 0:
+			zeroWords[uint32](d, int(n), size/4, ds)
+		case a%2 == 0:
+			zeroWords[uint16](d, int(n), size/2, ds)
+		default:
+			zeroWords[uint8](d, int(n), size, ds)
 		}
 	})
+}
+
+// zeroWords clears n runs of k aligned words of type T.
+func zeroWords[T uint8 | uint16 | uint32 | uint64](d unsafe.Pointer, n, k int, ds int64) {
+	for i := range int64(n) {
+		p := unsafe.Add(d, i*ds)
+		for j := range k {
+			*(*T)(unsafe.Add(p, j*int(unsafe.Sizeof(T(0))))) = 0
+		}
+	}
 }
 
 // add adds operand 1 into operand 0, elementwise in dtype d.
