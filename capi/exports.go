@@ -26,7 +26,7 @@ const (
 	planParamsKnown = C.HALO_PLAN_PARAM_X_STRIDES | C.HALO_PLAN_PARAM_OUT_STRIDES | C.HALO_PLAN_PARAM_GRAD_OUT_STRIDES |
 		C.HALO_PLAN_PARAM_GRAD_X_STRIDES | C.HALO_PLAN_PARAM_PADDING | C.HALO_PLAN_PARAM_HALOS_ONLY |
 		C.HALO_PLAN_PARAM_LEFT_STRIDES | C.HALO_PLAN_PARAM_RIGHT_STRIDES | C.HALO_PLAN_PARAM_GRAD_LEFT_STRIDES |
-		C.HALO_PLAN_PARAM_GRAD_RIGHT_STRIDES | C.HALO_PLAN_PARAM_MEMORY_TYPE
+		C.HALO_PLAN_PARAM_GRAD_RIGHT_STRIDES | C.HALO_PLAN_PARAM_MEMORY_TYPE | C.HALO_PLAN_PARAM_DEFERRED
 )
 
 func invalid(format string, args ...any) error {
@@ -276,7 +276,11 @@ func createPlan(h C.uintptr_t, count int, p *C.halo_plan_params_t, out *C.halo_p
 		return invalid("rank %d: count %d is out of range [1, %d]", e.c.Rank(), count, halo.MaxLayouts)
 	}
 	specs := make([]halo.Spec, count)
+	deferred := p.field_mask&C.HALO_PLAN_PARAM_DEFERRED != 0
 	for k, cp := range unsafe.Slice(p, count) {
+		if (cp.field_mask&C.HALO_PLAN_PARAM_DEFERRED != 0) != deferred {
+			return invalid("rank %d: params[%d] and params[0] differ in HALO_PLAN_PARAM_DEFERRED: a plan is deferred or not as a whole", e.c.Rank(), k)
+		}
 		pre := ""
 		if multi {
 			pre = fmt.Sprintf("params[%d]: ", k)
@@ -285,7 +289,7 @@ func createPlan(h C.uintptr_t, count int, p *C.halo_plan_params_t, out *C.halo_p
 			return invalid("rank %d: %v", e.c.Rank(), err)
 		}
 	}
-	plan, err := e.c.NewMultiPlan(specs)
+	plan, err := e.c.NewMultiPlan(specs, deferred)
 	if err != nil {
 		return err
 	}

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/halo-cp/halo/halo"
@@ -26,6 +27,10 @@ type Comm struct {
 	g         *halo.Group
 	closed    bool
 	connected bool
+	// presence keeps this rank in its job on a shared server while it runs
+	// (rendezvous.Present); failure is why the server then failed the job.
+	presence *rendezvous.Presence
+	failure  atomic.Pointer[string]
 }
 
 // New opens the transport and, with the rendezvous bootstrap, connects
@@ -54,7 +59,22 @@ func New(cfg Config) (*Comm, error) {
 		c.Close()
 		return nil, err
 	}
+	if c.presence != nil {
+		go c.watchPresence(c.presence)
+	}
 	return c, nil
+}
+
+// watchPresence fails the communicator when the shared server says that a
+// rank of another run arrived under this job's name: the ranks this one met
+// may belong to either run, so no exchange of it can be trusted.
+func (c *Comm) watchPresence(p *rendezvous.Presence) {
+	<-p.Done()
+	if err := p.Err(); err != nil {
+		why := fmt.Sprintf("rank %d: the rendezvous at %s failed this job while it ran: %v", c.cfg.Rank, c.cfg.Rendezvous, err)
+		c.failure.Store(&why)
+		c.t.Abort()
+	}
 }
 
 func (c *Comm) rendezvous() ([][]byte, error) {
@@ -68,9 +88,14 @@ func (c *Comm) rendezvous() ([][]byte, error) {
 		Launch: cfg.Launch, Rank: cfg.Rank, Size: cfg.Size, Timeout: cfg.BootstrapTimeout}
 	var addrs [][]byte
 	var err error
-	if cfg.Rank == 0 && !cfg.ExternalServer {
+	switch {
+	case cfg.Rank == 0 && !cfg.ExternalServer:
 		addrs, err = rendezvous.HostAllgather(ctx, cfg.Rendezvous, cc, c.address)
-	} else {
+	case cfg.ExternalServer:
+		// Stay connected while the communicator lives: the shared server
+		// then knows the job is running and refuses latecomers under its name.
+		addrs, c.presence, err = rendezvous.Present(ctx, cc, c.address)
+	default:
 		addrs, err = rendezvous.Allgather(ctx, cc, c.address)
 	}
 	if err != nil {
@@ -139,7 +164,7 @@ func (c *Comm) connect(addrs [][]byte, class error, from string) error {
 	if err := c.t.Connect(raw); err != nil {
 		return fmt.Errorf("rank %d: connecting: %w", c.cfg.Rank, classify(err))
 	}
-	g, err := halo.NewGroup(wire{c.t, c.cfg.Timeout, c.cfg.TimeoutFrom}, halo.GroupOptions{Timeout: c.cfg.Timeout, Transfer: c.cfg.Transfer})
+	g, err := halo.NewGroup(wire{c.t, c.cfg.Timeout, c.cfg.TimeoutFrom, &c.failure}, halo.GroupOptions{Timeout: c.cfg.Timeout, Transfer: c.cfg.Transfer})
 	if err != nil {
 		return err
 	}
@@ -149,11 +174,13 @@ func (c *Comm) connect(addrs [][]byte, class error, from string) error {
 
 // NewPlan creates a plan collectively (see halo.Group.NewPlan).
 func (c *Comm) NewPlan(spec halo.Spec) (*halo.Plan, error) {
-	return c.NewMultiPlan([]halo.Spec{spec})
+	return c.NewMultiPlan([]halo.Spec{spec}, false)
 }
 
-// NewMultiPlan creates a plan over several layouts (halo.Group.NewMultiPlan).
-func (c *Comm) NewMultiPlan(specs []halo.Spec) (*halo.Plan, error) {
+// NewMultiPlan creates a plan over several layouts, collectively
+// (halo.Group.NewMultiPlan) or, deferred, locally with the agreement at
+// its first exchange (halo.Group.NewDeferredPlan).
+func (c *Comm) NewMultiPlan(specs []halo.Spec, deferred bool) (*halo.Plan, error) {
 	c.mu.Lock()
 	g, closed := c.g, c.closed
 	c.mu.Unlock()
@@ -162,6 +189,9 @@ func (c *Comm) NewMultiPlan(specs []halo.Spec) (*halo.Plan, error) {
 	}
 	if g == nil {
 		return nil, fmt.Errorf("%w: rank %d: the communicator is not connected yet (call connect with every rank's address)", halo.ErrState, c.cfg.Rank)
+	}
+	if deferred {
+		return g.NewDeferredPlan(specs)
 	}
 	return g.NewMultiPlan(specs)
 }
@@ -202,6 +232,9 @@ func (c *Comm) Close() error {
 		return nil
 	}
 	c.closed = true
+	if c.presence != nil {
+		c.presence.Close()
+	}
 	return classify(c.t.Close())
 }
 
@@ -212,6 +245,16 @@ type wire struct {
 	t           *ucx.Transport
 	deadline    time.Duration // the configured deadline (a wait may get what is left of it)
 	timeoutFrom string        // where the deadline came from, for timeout messages
+	failure     *atomic.Pointer[string]
+}
+
+// classify is the package's classify, except that an abort the rendezvous
+// caused says why.
+func (a wire) classify(err error) error {
+	if why := a.failure.Load(); why != nil && errors.Is(err, ucx.ErrAborted) {
+		return halo.Classify(halo.ErrRendezvous, fmt.Errorf("%s (%w)", *why, err))
+	}
+	return classify(err)
 }
 
 func (a wire) Rank() int { return a.t.Rank() }
@@ -223,9 +266,9 @@ func (a wire) Moves(m transport.Memory) bool { return a.t.Moves(m) }
 func (a wire) Prepare(ops []transport.Op) (transport.Batch, error) {
 	b, err := a.t.Prepare(ops)
 	if err != nil {
-		return nil, classify(err)
+		return nil, a.classify(err)
 	}
-	return wireBatch{b, a.deadline, a.timeoutFrom}, nil
+	return wireBatch{b, a}, nil
 }
 
 func (a wire) Alloc(n int) (transport.Buffer, error) {
@@ -237,26 +280,28 @@ func (a wire) Alloc(n int) (transport.Buffer, error) {
 }
 
 type wireBatch struct {
-	b           *ucx.Batch
-	deadline    time.Duration
-	timeoutFrom string
+	b *ucx.Batch
+	w wire
 }
 
-func (b wireBatch) Post(bases []uintptr) error { return classify(b.b.Post(bases)) }
+func (b wireBatch) Post(bases []uintptr, tagOr uint64) error {
+	return b.w.classify(b.b.Post(bases, tagOr))
+}
+func (b wireBatch) Received(i int) (uint64, int64) { return b.b.Received(i) }
 func (b wireBatch) Wait(timeout time.Duration) error {
-	err := classify(b.b.WaitFor(timeout))
+	err := b.w.classify(b.b.WaitFor(timeout))
 	if errors.Is(err, halo.ErrTimeout) {
 		// Say which deadline ran out and who set it: a value set too late
 		// (or not at all) is the usual surprise.
-		return fmt.Errorf("%w (deadline %v, from %s)", err, b.deadline, b.timeoutFrom)
+		return fmt.Errorf("%w (deadline %v, from %s)", err, b.w.deadline, b.w.timeoutFrom)
 	}
 	return err
 }
 func (b wireBatch) Test() (bool, error) {
 	done, err := b.b.Test()
-	return done, classify(err)
+	return done, b.w.classify(err)
 }
-func (b wireBatch) Close() error { return classify(b.b.Close()) }
+func (b wireBatch) Close() error { return b.w.classify(b.b.Close()) }
 
 // classify maps an error of the ucx package onto halo's classes. A wait that
 // failed on several operations is classed by the first that applies, in the

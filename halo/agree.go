@@ -2,7 +2,9 @@ package halo
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
+	"hash/fnv"
 	"strings"
 
 	"github.com/halo-cp/halo/halo/transport"
@@ -14,7 +16,7 @@ import (
 // Plan metadata record, fixed size so every receive knows its length.
 const (
 	recordMagic   = 0x4f4c4148 // "HALO"
-	recordVersion = 1
+	recordVersion = 2
 	recordSize    = 128
 )
 
@@ -29,7 +31,18 @@ type record struct {
 	shape       [MaxDims]int64
 	memory      MemoryType // at byte 112, zero (host) in records of halo 0.2
 	cannotMove  bool       // at byte 116: this rank's transport cannot move memory
+	call        int32      // at byte 120: what the rank was doing (callCreate, ...)
 }
+
+// What a rank was doing when it agreed: the direction, not the form (ranks
+// may run padded and halos-only calls of one layout together).
+const (
+	callCreate   = 0
+	callForward  = 1
+	callBackward = 2
+)
+
+var callNames = map[int32]string{callCreate: "creating the plan", callForward: "forward", callBackward: "backward"}
 
 func (p *Plan) record(k int) record {
 	s := &p.specs[k]
@@ -60,6 +73,7 @@ func (r *record) encode(b []byte) {
 	if r.cannotMove {
 		b[116] = 1
 	}
+	le.PutUint32(b[120:], uint32(r.call))
 }
 
 func decodeRecord(b []byte) (record, error) {
@@ -76,76 +90,49 @@ func decodeRecord(b []byte) (record, error) {
 	}
 	r.memory = MemoryType(le.Uint32(b[112:]))
 	r.cannotMove = b[116] != 0
+	r.call = int32(le.Uint32(b[120:]))
 	if r.ndim < 1 || r.ndim > MaxDims || r.dim < 0 || r.dim >= r.ndim || r.layouts < 1 || r.layouts > MaxLayouts {
 		return record{}, fmt.Errorf("corrupt plan record (ndim %d, dim %d, layouts %d)", r.ndim, r.dim, r.layouts)
 	}
 	return r, nil
 }
 
-// agree sends this rank's records (one per layout) to every other rank,
-// receives theirs, and checks that all agree. Every rank sees every record,
-// so every rank reports the same disagreement. The message has room for
-// MaxLayouts records whatever the plan's count, so that ranks that disagree
-// on the count still receive each other's and can say so.
-func (p *Plan) agree() ([][]int64, error) {
+// agree runs the agreement of call seq: every rank sends every other its
+// records, each finds the same instance from all of them (or the same
+// disagreement), makes it if it has not kept it, and the ranks exchange
+// whether they could: the result is the same on every rank, and every
+// message sent is received, so the group stays usable whatever the result
+// (unless the wire itself failed).
+//
+// verify (nil for a creation) checks the caller's tensors against the
+// instance found: a failure there is one more local result the ranks share.
+func (p *Plan) agree(seq uint64, call int32, verify func(*instance) error) (*instance, error) {
 	g, W, me, K := p.g, p.g.Size(), p.g.Rank(), len(p.specs)
 	const msg = MaxLayouts * recordSize
-	recs := make([][]record, W)
-	recs[me] = make([]record, K)
+	mine := make([]byte, msg)
 	for k := range p.specs {
-		recs[me][k] = p.record(k)
+		r := p.record(k)
+		r.call = call
+		r.encode(mine[k*recordSize:])
 	}
-	if W > 1 {
-		buf, err := g.t.Alloc(msg * (W + 1))
+	got, err := g.round(seq, phaseSetup, mine)
+	if err != nil {
+		return nil, fmt.Errorf("rank %d: agreeing on plan %d (every rank must make the same collective calls in the same order): %w", me, p.id, err)
+	}
+	recs := make([][]record, W)
+	for q := 0; q < W; q++ {
+		theirs := got[q]
+		r, err := decodeRecord(theirs)
+		for k := 1; err == nil && k < int(r.layouts); k++ {
+			var rk record
+			if rk, err = decodeRecord(theirs[k*recordSize:]); err == nil {
+				recs[q] = append(recs[q], rk)
+			}
+		}
 		if err != nil {
-			return nil, err
+			return nil, g.fail(fmt.Errorf("%w: rank %d: plan record from rank %d: %v", ErrTransport, me, q, err))
 		}
-		defer buf.Free()
-		mine := buf.Bytes()[W*msg:]
-		for k := range recs[me] {
-			recs[me][k].encode(mine[k*recordSize:])
-		}
-		var ops []transport.Op
-		for q := 0; q < W; q++ {
-			if q != me {
-				ops = append(ops, transport.Op{Peer: q, Tag: tag(0, phaseSetup),
-					Segs: []transport.Segment{{Off: int64(q * msg), Len: msg}}})
-			}
-		}
-		for q := 0; q < W; q++ {
-			if q != me {
-				ops = append(ops, transport.Op{Peer: q, Tag: tag(0, phaseSetup), Send: true,
-					Segs: []transport.Segment{{Off: int64(W * msg), Len: msg}}})
-			}
-		}
-		b, err := g.t.Prepare(ops)
-		if err != nil {
-			return nil, err
-		}
-		defer b.Close()
-		if err := b.Post([]uintptr{buf.Addr()}); err != nil {
-			return nil, g.fail(fmt.Errorf("rank %d: creating plan %d: %w", me, p.id, err))
-		}
-		if err := b.Wait(g.opts.Timeout); err != nil {
-			return nil, g.fail(fmt.Errorf("rank %d: creating plan %d (every rank must create the same plans in the same order): %w", me, p.id, err))
-		}
-		for q := 0; q < W; q++ {
-			if q == me {
-				continue
-			}
-			theirs := buf.Bytes()[q*msg:]
-			r, err := decodeRecord(theirs)
-			for k := 1; err == nil && k < int(r.layouts); k++ {
-				var rk record
-				if rk, err = decodeRecord(theirs[k*recordSize:]); err == nil {
-					recs[q] = append(recs[q], rk)
-				}
-			}
-			if err != nil {
-				return nil, g.fail(fmt.Errorf("%w: rank %d: plan record from rank %d: %v", ErrTransport, me, q, err))
-			}
-			recs[q] = append([]record{r}, recs[q]...)
-		}
+		recs[q] = append([]record{r}, recs[q]...)
 	}
 	if msg := disagreement(recs); msg != "" {
 		return nil, fmt.Errorf("%w on plan %d (seen by rank %d): %s", ErrMismatch, p.id, me, msg)
@@ -170,7 +157,147 @@ func (p *Plan) agree() ([][]int64, error) {
 			lengths[k][q] = r.shape[r.dim]
 		}
 	}
-	return lengths, nil
+	ident := g.identOf(agreementHash(recs))
+	in, made := p.find(ident), false
+	var local error
+	if in == nil {
+		in, local = p.newInstance(ident, lengths)
+		made = local == nil
+	}
+	if local == nil && verify != nil {
+		local = verify(in)
+	}
+	if err := g.outcome(seq, p.id, local); err != nil {
+		if made {
+			in.close()
+		} else if in != nil && local == nil {
+			p.use(in) // agreed and kept; only this call failed
+		}
+		return nil, err
+	}
+	p.use(in)
+	return in, nil
+}
+
+// round sends mine to every other rank under call seq's tag of phase and
+// returns every rank's message (got[me] is mine). The messages are all as
+// long as mine.
+func (g *Group) round(seq uint64, phase int, mine []byte) ([][]byte, error) {
+	W, me, n := g.Size(), g.Rank(), len(mine)
+	got := make([][]byte, W)
+	got[me] = mine
+	if W == 1 {
+		return got, nil
+	}
+	buf, err := g.t.Alloc(n * (W + 1))
+	if err != nil {
+		return nil, err
+	}
+	defer buf.Free()
+	copy(buf.Bytes()[W*n:], mine)
+	var ops []transport.Op
+	for _, send := range []bool{false, true} {
+		for q := 0; q < W; q++ {
+			if q == me {
+				continue
+			}
+			off := int64(q * n)
+			if send {
+				off = int64(W * n)
+			}
+			ops = append(ops, transport.Op{Peer: q, Tag: g.tag(identNone, phase), Send: send,
+				Segs: []transport.Segment{{Off: off, Len: int64(n)}}})
+		}
+	}
+	b, err := g.t.Prepare(ops)
+	if err != nil {
+		return nil, err
+	}
+	defer b.Close()
+	if err := b.Post([]uintptr{buf.Addr()}, seq); err != nil {
+		return nil, g.fail(err)
+	}
+	if err := b.Wait(g.opts.Timeout); err != nil {
+		return nil, g.fail(err)
+	}
+	for q := 0; q < W; q++ {
+		if q != me {
+			got[q] = append([]byte(nil), buf.Bytes()[q*n:(q+1)*n]...)
+		}
+	}
+	return got, nil
+}
+
+// An outcome message: the error class (its index in Classes, plus one; 0
+// for success) and the start of the message.
+const outcomeSize = 256
+
+// outcome tells every rank whether this rank made its part of plan id (local
+// is its error) and returns the same result on every rank: nil if all
+// could, else the class of the first rank that could not, naming every such
+// rank and what the first said.
+func (g *Group) outcome(seq uint64, id uint32, local error) error {
+	mine := make([]byte, outcomeSize)
+	if local != nil {
+		code := len(Classes) // ErrInternal unless classed
+		for i, c := range Classes {
+			if errors.Is(local, c) {
+				code = i + 1
+				break
+			}
+		}
+		binary.LittleEndian.PutUint32(mine, uint32(code))
+		copy(mine[4:], local.Error())
+	}
+	got, err := g.round(seq, phaseOutcome, mine)
+	if err != nil {
+		return fmt.Errorf("rank %d: agreeing on plan %d: %w", g.Rank(), id, err)
+	}
+	var failed []int
+	first := -1
+	for q, m := range got {
+		if binary.LittleEndian.Uint32(m) != 0 {
+			failed = append(failed, q)
+			if first < 0 {
+				first = q
+			}
+		}
+	}
+	if first < 0 {
+		return nil
+	}
+	code := int(binary.LittleEndian.Uint32(got[first]))
+	class := ErrInternal
+	if code >= 1 && code <= len(Classes) {
+		class = Classes[code-1]
+	}
+	why := strings.TrimRight(string(got[first][4:]), "\x00")
+	return Classify(class, fmt.Errorf("rank %d: plan %d: %s failed after the ranks agreed, so no rank went on (rank %d: %s)",
+		g.Rank(), id, rankList(failed), first, why))
+}
+
+// agreementHash digests what makes an instance: every rank's layouts as
+// agreed (their lengths included). What may differ between ranks (strides,
+// padded or halos-only calls, plan numbers) is left out.
+func agreementHash(recs [][]record) uint64 {
+	h := fnv.New64a()
+	var b [8]byte
+	put := func(v int64) {
+		binary.LittleEndian.PutUint64(b[:], uint64(v))
+		h.Write(b[:])
+	}
+	for _, rs := range recs {
+		put(int64(len(rs)))
+		for _, r := range rs {
+			for _, v := range []int64{int64(r.dtype), int64(r.ndim), int64(r.dim), int64(r.padding), r.left, r.right, int64(r.memory)} {
+				put(v)
+			}
+			for _, n := range r.shape[:r.ndim] {
+				put(n)
+			}
+		}
+	}
+	return h.Sum64()
 }
 
 // disagreement describes every field on which the records differ, naming the
@@ -196,7 +323,7 @@ func disagreement(recs [][]record) string {
 		}
 		parts = append(parts, name+": "+strings.Join(vs, ", "))
 	}
-	field("plan number (plans created in a different order)", func(rs []record) string { return fmt.Sprint(rs[0].plan) })
+	field("call", func(rs []record) string { return callNames[rs[0].call] })
 	field("number of layouts", func(rs []record) string { return fmt.Sprint(len(rs)) })
 	if len(parts) > 0 {
 		return strings.Join(parts, "; ")

@@ -1,8 +1,11 @@
 package halo
 
 import (
+	"errors"
 	"fmt"
 	"unsafe"
+
+	"github.com/halo-cp/halo/halo/transport"
 )
 
 // Direction is one of a plan's two exchanges.
@@ -13,7 +16,29 @@ const (
 	DirBackward Direction = 1
 )
 
-func (p *Plan) schedule(d Direction) (*schedule, error) {
+// dirCall is one direction's call on a plan, from its start to its end.
+type dirCall struct {
+	d         Direction
+	what      string
+	inFlight  bool
+	halos     bool
+	seq       uint64              // the call's number (see Group.tag)
+	args      [3][]unsafe.Pointer // the caller's tensors: per argument, one per layout
+	ptrs      []unsafe.Pointer    // the same as an instance's fixed bases
+	inst      *instance           // what the attempt runs; nil: notes only (no agreed instance)
+	agreed    bool                // the call has agreed once (a second disagreement is a bug)
+	note      transport.Batch     // see Plan.notes
+	noteRecvs []recvInfo
+}
+
+func (dc *dirCall) phase() int {
+	if dc.d == DirBackward {
+		return phaseBackward
+	}
+	return phaseForward
+}
+
+func (p *Plan) dir(d Direction) (*dirCall, error) {
 	switch d {
 	case DirForward:
 		return &p.fwd, nil
@@ -37,33 +62,60 @@ const (
 // unused by the padded calls); without wait it only starts it (see
 // ForwardStart). The named methods below are Do with their call.
 func (p *Plan) Do(c Call, wait bool, t0, t1, t2 unsafe.Pointer) error {
-	s, halos, err := p.call(c)
-	if err != nil {
-		return err
+	if len(p.specs) != 1 {
+		return fmt.Errorf("%w: rank %d: plan %d has %d layouts: pass one tensor per layout (the multi calls)", ErrInvalid, p.g.Rank(), p.id, len(p.specs))
 	}
-	if c == CallHalosBackward {
-		t1, t2 = t2, t1 // grad_x is base 1
-	}
-	if err := p.start(s, halos, t0, t1, t2); err != nil || !wait {
-		return err
-	}
-	return p.wait(s)
+	a, b, d := [1]unsafe.Pointer{t0}, [1]unsafe.Pointer{t1}, [1]unsafe.Pointer{t2}
+	return p.DoMulti(c, wait, a[:], b[:], d[:])
 }
 
 // DoMulti is Do for a plan of several layouts: each argument holds one
 // tensor per layout, in the order the layouts were given to NewMultiPlan.
 func (p *Plan) DoMulti(c Call, wait bool, a, b, d []unsafe.Pointer) error {
-	s, halos, err := p.call(c)
+	dc, halos, err := p.call(c)
 	if err != nil {
 		return err
 	}
-	if c == CallHalosBackward {
-		b, d = d, b
+	if err := p.startable(dc, halos); err != nil {
+		return err
 	}
-	return p.runMulti(s, halos, a, b, d, wait)
+	if c == CallHalosBackward {
+		b, d = d, b // grad_x is base 1
+	}
+	K, per := len(p.specs), 2
+	if halos {
+		per = 3
+	}
+	for _, arg := range [][]unsafe.Pointer{a, b, d}[:per] {
+		if len(arg) != K {
+			return fmt.Errorf("%w: rank %d: %s of plan %d: %d tensors for %d layouts", ErrInvalid, p.g.Rank(), dc.what, p.id, len(arg), K)
+		}
+	}
+	for k := 0; k < K; k++ {
+		dc.ptrs[per*k], dc.ptrs[per*k+1] = a[k], b[k]
+		if per == 3 {
+			dc.ptrs[per*k+2] = d[k]
+		}
+	}
+	// The tensors are checked against the instance this call tries before
+	// it takes a number, so that a bad pointer fails here alone.
+	if p.cur != nil {
+		if err := p.cur.check(p.cur.sched(dc.d), dc.ptrs); err != nil {
+			return err
+		}
+	}
+	dc.halos, dc.seq, dc.agreed = halos, p.g.nextSeq(), false
+	if err := p.attempt(dc, p.cur); err != nil {
+		return err
+	}
+	dc.inFlight = true
+	if !wait {
+		return nil
+	}
+	return p.settle(dc, false)
 }
 
-func (p *Plan) call(c Call) (*schedule, bool, error) {
+func (p *Plan) call(c Call) (*dirCall, bool, error) {
 	switch c {
 	case CallForward:
 		return &p.fwd, false, nil
@@ -75,6 +127,131 @@ func (p *Plan) call(c Call) (*schedule, bool, error) {
 		return &p.bwd, true, nil
 	}
 	return nil, false, fmt.Errorf("%w: rank %d: call %d of plan %d is not one of forward (0), backward (1), halos forward (2), halos backward (3)", ErrInvalid, p.g.Rank(), c, p.id)
+}
+
+// startable checks that a call of dc's direction and kind may start now.
+func (p *Plan) startable(dc *dirCall, halos bool) error {
+	if p.closed {
+		return fmt.Errorf("rank %d: %s on plan %d: %w", p.g.Rank(), dc.what, p.id, ErrClosed)
+	}
+	if halos != p.specs[0].HalosOnly {
+		if p.specs[0].HalosOnly {
+			return fmt.Errorf("%w: rank %d: plan %d is halos-only: use the halos calls", ErrInvalid, p.g.Rank(), p.id)
+		}
+		return fmt.Errorf("%w: rank %d: plan %d has a padded output: use forward and backward", ErrInvalid, p.g.Rank(), p.id)
+	}
+	if dc.inFlight {
+		return fmt.Errorf("%w: rank %d: a %s of plan %d is already in flight (wait for it first)", ErrState, p.g.Rank(), dc.what, p.id)
+	}
+	return p.g.usable()
+}
+
+// attempt posts dc's messages on instance in (nil: notes, to and from every
+// peer) under the call's number.
+func (p *Plan) attempt(dc *dirCall, in *instance) error {
+	dc.inst = in
+	if in != nil {
+		return in.startWith(in.sched(dc.d), dc.ptrs, dc.seq)
+	}
+	b, err := p.notes(dc)
+	if err != nil || b == nil {
+		return err
+	}
+	if err := b.Post(nil, dc.seq); err != nil {
+		return p.g.fail(fmt.Errorf("rank %d: %s of plan %d: %w", p.g.Rank(), dc.what, p.id, err))
+	}
+	return nil
+}
+
+// batch is what dc's attempt posted (nil: nothing, a group of one).
+func (dc *dirCall) batch() (transport.Batch, []recvInfo) {
+	if dc.inst != nil {
+		s := dc.inst.sched(dc.d)
+		return s.batch, s.recvs
+	}
+	return dc.note, dc.noteRecvs
+}
+
+// settle finishes dc's call once its attempt's messages have arrived (done:
+// a Test saw them; else it waits for them): it completes the exchange if
+// every peer ran the same instance, or else agrees with every rank in this
+// same call and runs it again on the agreed instance.
+func (p *Plan) settle(dc *dirCall, done bool) error {
+	for {
+		if b, _ := dc.batch(); b != nil && !done {
+			if err := b.Wait(p.g.opts.Timeout); err != nil {
+				return p.failed(dc, err)
+			}
+		}
+		done = false
+		same, err := p.judge(dc)
+		if err != nil {
+			return p.failed(dc, err)
+		}
+		if same {
+			dc.inst.complete(dc.inst.sched(dc.d))
+			dc.inFlight = false
+			return nil
+		}
+		if dc.inst != nil {
+			dc.inst.release(dc.inst.sched(dc.d))
+		}
+		if dc.agreed {
+			return p.failed(dc, fmt.Errorf("%w: peers still run another instance after agreeing", ErrInternal))
+		}
+		call := int32(callForward)
+		if dc.d == DirBackward {
+			call = callBackward
+		}
+		in, err := p.agree(dc.seq, call, func(in *instance) error { return in.check(in.sched(dc.d), dc.ptrs) })
+		dc.agreed = true
+		if err != nil {
+			dc.inst, dc.inFlight = nil, false
+			return fmt.Errorf("%w (in the %s of call %d)", err, dc.what, dc.seq)
+		}
+		if err := p.attempt(dc, in); err != nil {
+			dc.inFlight = false
+			return err
+		}
+	}
+}
+
+// judge reads the tags of what every peer sent in dc's attempt: true if all
+// ran the same instance and call as this rank (and each message has the
+// length that instance gives it), false if any did not or this rank had no
+// instance. A length that the instance cannot explain is the wire's fault.
+func (p *Plan) judge(dc *dirCall) (bool, error) {
+	if dc.inst == nil {
+		return false, nil
+	}
+	b, recvs := dc.batch()
+	want := p.g.tag(dc.inst.ident, dc.phase())
+	for _, r := range recvs {
+		if tag, _ := b.Received(r.op); tag&^seqMask != want {
+			return false, nil
+		}
+	}
+	for _, r := range recvs {
+		if _, n := b.Received(r.op); n != r.want {
+			return false, fmt.Errorf("%w: rank %d sent %d bytes where the agreed layout gives %d", ErrTransport, r.peer, n, r.want)
+		}
+	}
+	return true, nil
+}
+
+// failed ends dc's call on a failure of the wire: the group is unusable.
+func (p *Plan) failed(dc *dirCall, err error) error {
+	if dc.inst != nil {
+		dc.inst.release(dc.inst.sched(dc.d))
+	}
+	dc.inst, dc.inFlight = nil, false
+	hint := ""
+	if errors.Is(err, ErrTimeout) {
+		// Ranks in different plans or layouts meet and agree; what is left
+		// to time out is a peer that never made this call.
+		hint = fmt.Sprintf(" (collective call %d on this communicator: every rank must make the same exchanges in the same order)", dc.seq)
+	}
+	return p.g.fail(fmt.Errorf("rank %d: %s of plan %d%s: %w", p.g.Rank(), dc.what, p.id, hint, err))
 }
 
 // Forward fills out = [left halo | x | right halo] along dim. x may be the
@@ -123,51 +300,55 @@ func (p *Plan) HalosBackwardStart(gradLeft, gradRight, gradX unsafe.Pointer) err
 
 // Wait finishes the exchange that a start call began, within the group's timeout.
 func (p *Plan) Wait(d Direction) error {
-	s, err := p.schedule(d)
+	dc, err := p.dir(d)
 	if err != nil {
 		return err
 	}
-	return p.wait(s)
+	if err := p.inFlight(dc); err != nil {
+		return err
+	}
+	return p.settle(dc, false)
 }
 
 // Test progresses the exchange that a start call began without blocking, and
-// finishes it if its messages have all arrived.
+// finishes it if its messages have all arrived (agreeing again, blocking,
+// if a peer ran another instance).
 func (p *Plan) Test(d Direction) (done bool, err error) {
-	s, err := p.schedule(d)
+	dc, err := p.dir(d)
 	if err != nil {
 		return false, err
 	}
-	if err := p.inFlight(s); err != nil {
+	if err := p.inFlight(dc); err != nil {
 		return false, err
 	}
-	if s.batch != nil {
-		done, err := s.batch.Test()
+	if b, _ := dc.batch(); b != nil {
+		done, err := b.Test()
 		if err != nil {
-			return true, p.failed(s, err)
+			return true, p.failed(dc, err)
 		}
 		if !done {
 			return false, nil
 		}
 	}
-	p.complete(s)
-	return true, nil
+	return true, p.settle(dc, true)
 }
 
-// Messages is how many messages one exchange of direction d sends and
-// receives: one per peer and kind, whatever the number of layouts.
+// Messages is how many messages with data one exchange of direction d sends
+// and receives on the last agreed instance: one per peer and kind, whatever
+// the number of layouts (every call also sends an empty message to, and
+// receives one from, each other peer).
 func (p *Plan) Messages(d Direction) int {
-	s, err := p.schedule(d)
-	if err != nil {
+	if p.cur == nil {
 		return 0
 	}
-	return s.nmsg
+	return p.cur.sched(d).nmsg
 }
 
 // InFlight reports whether an exchange of direction d is started and not yet
 // finished.
 func (p *Plan) InFlight(d Direction) bool {
-	s, err := p.schedule(d)
-	return err == nil && s.inFlight
+	dc, err := p.dir(d)
+	return err == nil && dc.inFlight
 }
 
 // The multi-layout calls take one tensor per layout in each argument, in the
@@ -205,77 +386,26 @@ func (p *Plan) HalosBackwardMultiStart(gradLefts, gradRights, gradXs []unsafe.Po
 	return p.DoMulti(CallHalosBackward, false, gradLefts, gradRights, gradXs)
 }
 
-// runMulti starts (and with wait, finishes) s with per-layout tensors: a, b
-// and c are the layouts' bases 0, 1 and 2.
-func (p *Plan) runMulti(s *schedule, halos bool, a, b, c []unsafe.Pointer, wait bool) error {
-	if err := p.startable(s, halos); err != nil {
-		return err
-	}
-	K, per := len(p.specs), s.fixed/len(p.specs)
-	for _, arg := range [][]unsafe.Pointer{a, b, c}[:per] {
-		if len(arg) != K {
-			return fmt.Errorf("%w: rank %d: %s of plan %d: %d tensors for %d layouts", ErrInvalid, p.g.Rank(), s.what, p.id, len(arg), K)
-		}
-	}
-	for k := 0; k < K; k++ {
-		s.args[per*k], s.args[per*k+1] = a[k], b[k]
-		if per == 3 {
-			s.args[per*k+2] = c[k]
-		}
-	}
-	if err := p.startWith(s, s.args); err != nil {
-		return err
-	}
-	if !wait {
-		return nil
-	}
-	return p.wait(s)
-}
-
-// start begins one direction: it checks the pointers, packs the outgoing
-// slabs, posts every message, and then does the local work that needs
-// nothing from the wire (padding, the interior, the edge ranks' +0) while
-// the messages travel.
-func (p *Plan) start(s *schedule, halos bool, t0, t1, t2 unsafe.Pointer) error {
-	if err := p.startable(s, halos); err != nil {
-		return err
-	}
-	if len(p.specs) != 1 {
-		return fmt.Errorf("%w: rank %d: plan %d has %d layouts: pass one tensor per layout (the multi calls)", ErrInvalid, p.g.Rank(), p.id, len(p.specs))
-	}
-	ptrs := [3]unsafe.Pointer{t0, t1, t2}
-	return p.startWith(s, ptrs[:s.fixed])
-}
-
-// startable checks that s may start now, with calls of the plan's kind.
-func (p *Plan) startable(s *schedule, halos bool) error {
-	me := p.g.Rank()
-	if p.closed {
-		return fmt.Errorf("rank %d: %s on plan %d: %w", me, s.what, p.id, ErrClosed)
-	}
-	if halos != p.specs[0].HalosOnly {
-		if p.specs[0].HalosOnly {
-			return fmt.Errorf("%w: rank %d: plan %d is halos-only: use the halos calls", ErrInvalid, me, p.id)
-		}
-		return fmt.Errorf("%w: rank %d: plan %d has a padded output: use forward and backward", ErrInvalid, me, p.id)
-	}
-	if s.inFlight {
-		return fmt.Errorf("%w: rank %d: a %s of plan %d is already in flight (wait for it first)", ErrState, me, s.what, p.id)
-	}
-	return p.g.usable()
-}
-
-// startWith starts s with the fixed bases given (every layout's, in order).
-func (p *Plan) startWith(s *schedule, ptrs []unsafe.Pointer) error {
-	me := p.g.Rank()
+// check refuses tensors that s cannot run with: a NULL where bytes are
+// needed, or overlaps other than a layout's exact interior.
+func (p *instance) check(s *schedule, ptrs []unsafe.Pointer) error {
 	for i, name := range s.names {
 		if ptrs[i] == nil && s.ext[i] > 0 {
-			return fmt.Errorf("%w: rank %d: %s of plan %d: %s is NULL", ErrInvalid, me, s.what, p.id, name)
+			return fmt.Errorf("%w: rank %d: %s of plan %d: %s is NULL", ErrInvalid, p.g.Rank(), s.what, p.id, name)
 		}
 	}
 	if err := p.aliasing(s, ptrs); err != nil {
-		return fmt.Errorf("%w: rank %d: %s of plan %d: %v", ErrInvalid, me, s.what, p.id, err)
+		return fmt.Errorf("%w: rank %d: %s of plan %d: %v", ErrInvalid, p.g.Rank(), s.what, p.id, err)
 	}
+	return nil
+}
+
+// startWith starts s with the fixed bases given (every layout's, in order,
+// checked): it packs the outgoing slabs, posts every message under call
+// number seq, and then does the local work that needs nothing from the
+// wire (padding, the interior, the edge ranks' +0) while the messages
+// travel. That work only rewrites what a repeated start rewrites alike.
+func (p *instance) startWith(s *schedule, ptrs []unsafe.Pointer, seq uint64) error {
 	for i := 0; i < s.fixed; i++ {
 		s.ptrs[i], s.bases[i] = ptrs[i], uintptr(ptrs[i])
 	}
@@ -285,8 +415,9 @@ func (p *Plan) startWith(s *schedule, ptrs []unsafe.Pointer) error {
 		x.copy(&l.w, l.elem, s.ptrs[l.dst], s.ptrs[l.src])
 	}
 	if s.batch != nil {
-		if err := s.batch.Post(s.bases); err != nil {
-			return p.g.fail(fmt.Errorf("rank %d: %s of plan %d: %w", me, s.what, p.id, err))
+		if err := s.batch.Post(s.bases, seq); err != nil {
+			p.release(s)
+			return p.g.fail(fmt.Errorf("rank %d: %s of plan %d: %w", p.g.Rank(), s.what, p.id, err))
 		}
 	}
 	for i := range s.zero {
@@ -310,30 +441,15 @@ func (p *Plan) startWith(s *schedule, ptrs []unsafe.Pointer) error {
 	return nil
 }
 
-func (p *Plan) inFlight(s *schedule) error {
-	if !s.inFlight {
-		return fmt.Errorf("%w: rank %d: no %s of plan %d is in flight (start one first)", ErrState, p.g.Rank(), s.what, p.id)
+func (p *Plan) inFlight(dc *dirCall) error {
+	if !dc.inFlight {
+		return fmt.Errorf("%w: rank %d: no %s of plan %d is in flight (start one first)", ErrState, p.g.Rank(), dc.what, p.id)
 	}
-	return nil
-}
-
-// wait blocks until the messages of the direction start began have arrived,
-// then completes it.
-func (p *Plan) wait(s *schedule) error {
-	if err := p.inFlight(s); err != nil {
-		return err
-	}
-	if s.batch != nil {
-		if err := s.batch.Wait(p.g.opts.Timeout); err != nil {
-			return p.failed(s, err)
-		}
-	}
-	p.complete(s)
 	return nil
 }
 
 // complete unpacks and adds what arrived, in the order of the output.
-func (p *Plan) complete(s *schedule) {
+func (p *instance) complete(s *schedule) {
 	x := p.g.exec
 	for i := range s.unpack {
 		l := &s.unpack[i]
@@ -353,14 +469,8 @@ func (p *Plan) complete(s *schedule) {
 	p.release(s)
 }
 
-// failed ends an exchange whose messages failed: the group is unusable.
-func (p *Plan) failed(s *schedule, err error) error {
-	p.release(s)
-	return p.g.fail(fmt.Errorf("rank %d: %s of plan %d: %w", p.g.Rank(), s.what, p.id, err))
-}
-
 // release forgets the caller's tensors: the exchange no longer owns them.
-func (p *Plan) release(s *schedule) {
+func (p *instance) release(s *schedule) {
 	for i := 0; i < s.fixed; i++ {
 		s.ptrs[i], s.bases[i] = nil, 0
 	}
@@ -370,7 +480,7 @@ func (p *Plan) release(s *schedule) {
 // aliasing finds the padded layouts whose unpadded tensor is exactly the
 // interior of the padded one (s.aliased), and refuses any other overlap
 // between the caller's tensors (it would be silent garbage).
-func (p *Plan) aliasing(s *schedule, ptrs []unsafe.Pointer) error {
+func (p *instance) aliasing(s *schedule, ptrs []unsafe.Pointer) error {
 	for k, a := range s.alias {
 		inner, outer := uintptr(ptrs[a.inner]), uintptr(ptrs[a.outer])
 		s.aliased[k] = s.ext[a.inner] > 0 && s.ext[a.outer] > 0 && a.off >= 0 && inner == outer+uintptr(a.off)
@@ -397,7 +507,7 @@ func (p *Plan) aliasing(s *schedule, ptrs []unsafe.Pointer) error {
 }
 
 // aliasPair returns the layout whose inner and outer bases are i and j.
-func (p *Plan) aliasPair(s *schedule, i, j int) (int, bool) {
+func (p *instance) aliasPair(s *schedule, i, j int) (int, bool) {
 	for k, a := range s.alias {
 		if (a.inner == i && a.outer == j) || (a.inner == j && a.outer == i) {
 			return k, true
@@ -408,7 +518,7 @@ func (p *Plan) aliasPair(s *schedule, i, j int) (int, bool) {
 
 // pairAliased says whether bases i and j are a layout's tensors found to
 // alias exactly.
-func (p *Plan) pairAliased(s *schedule, i, j int) bool {
+func (p *instance) pairAliased(s *schedule, i, j int) bool {
 	k, ok := p.aliasPair(s, i, j)
 	return ok && s.aliased[k]
 }

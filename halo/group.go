@@ -2,7 +2,8 @@ package halo
 
 import (
 	"fmt"
-	"sync"
+	mbits "math/bits"
+	"sync/atomic"
 	"time"
 
 	"github.com/halo-cp/halo/halo/transport"
@@ -45,9 +46,9 @@ type Group struct {
 	t        transport.Transport
 	exec     executor
 	opts     GroupOptions
-	nextPlan uint32
-	mu       sync.Mutex // guards failed, which a Close on another thread may read
-	failed   error
+	nextPlan uint32     // handle numbers, local to this rank (messages only)
+	seq      uint64     // the last collective call's number (see tag)
+	failed   atomic.Pointer[error] // the first failure; an Abort on another thread may set it
 }
 
 // NewGroup wraps a connected transport.
@@ -73,21 +74,20 @@ func NewGroup(t transport.Transport, opts GroupOptions) (*Group, error) {
 func (g *Group) Rank() int { return g.t.Rank() }
 func (g *Group) Size() int { return g.t.Size() }
 
-// Err is the failure that made the group unusable, or nil.
+// Err is the failure that made the group unusable, or nil. Read on every
+// call: atomic rather than a mutex (measured: a tenth of a 2 KiB call's
+// Go-side time went to the lock).
 func (g *Group) Err() error {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return g.failed
+	if p := g.failed.Load(); p != nil {
+		return *p
+	}
+	return nil
 }
 
 // fail records the first transport failure: after it the wire is in an
 // unknown state (sends cannot be cancelled), so every later call refuses.
 func (g *Group) fail(err error) error {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if g.failed == nil {
-		g.failed = err
-	}
+	g.failed.CompareAndSwap(nil, &err)
 	return err
 }
 
@@ -104,16 +104,45 @@ func (g *Group) usable() error {
 	return nil
 }
 
-// Tags: plan number (24 bits) | phase (8 bits). The transport matches a
-// receive only with messages from its peer, so the sender is not in the tag;
-// the plan number keeps concurrent plans apart. Messages between two ranks
-// with the same tag are matched in order, so no step counter is needed.
+// Tags: a call's number (20 bits) | phase (4 bits) | the identity of the
+// agreed layout the sender runs (the rest, under the transport's rank bits).
+//
+// Every rank numbers the collective calls on a group alike (plan creations
+// and exchange starts, in program order), and receives match on the
+// number only: whatever plan a peer runs, its messages of the same call
+// meet ours, and their tags say whether it runs the same agreed layout
+// (identity) and the same call (phase). A rank that finds another layout
+// or none re-agrees with every rank in that same call (agree.go), where
+// matching on plan numbers would wait for messages never sent. Messages
+// between two ranks within one call are matched in the order sent.
 const (
-	phaseSetup    = 1
+	seqBits    = 20
+	seqMask    = 1<<seqBits - 1
+	phaseShift = seqBits
+	identShift = seqBits + 4
+
+	phaseSetup    = 1 // a rank's layout records
 	phaseForward  = 2
 	phaseBackward = 3
+	phaseOutcome  = 4 // each rank's result of making its part of a plan
+
+	identNone = 0 // no agreed layout yet (a deferred plan before its first call)
 )
 
-func tag(plan uint32, phase int) uint64 {
-	return uint64(plan&0xffffff)<<8 | uint64(phase&0xff)
+func (g *Group) tag(ident uint64, phase int) uint64 {
+	return ident<<identShift | uint64(phase)<<phaseShift
+}
+
+// identOf turns the hash of an agreement into the identity its messages
+// carry: as many bits as the transport leaves (at least 30 for groups of
+// up to 1024 ranks), never identNone.
+func (g *Group) identOf(hash uint64) uint64 {
+	bits := 64 - identShift - mbits.Len(uint(g.Size()-1))
+	return 1 + hash%(1<<bits-1)
+}
+
+// nextSeq numbers a collective call.
+func (g *Group) nextSeq() uint64 {
+	g.seq = (g.seq + 1) & seqMask
+	return g.seq
 }

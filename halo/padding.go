@@ -205,7 +205,7 @@ func (l layoutPlan) sliceOp(dst, src slot, add bool) local {
 
 // stagedRegion allocates a staging buffer for k slices, a region whose
 // slice first is its first.
-func (p *Plan) stagedRegion(s *schedule, l layoutPlan, k, first int64) (region, error) {
+func (p *instance) stagedRegion(s *schedule, l layoutPlan, k, first int64) (region, error) {
 	bx := l.spec.haloShape(k)
 	base, err := p.stage(s, sliceElems(bx, l.spec.Dim)*k*int64(l.elem))
 	return region{base, bx, ContiguousStrides(bx), first}, err
@@ -264,14 +264,14 @@ type contribution struct {
 // in the forward, the copies and messages that fill this rank's slots and
 // those it is the source of; in the backward, the reverse messages and the
 // additions into grad_x, in torch's order.
-func (p *Plan) buildPadding(l layoutPlan, fside, bside [2]region, xr, gxr region, fops, bops *opList) error {
+func (p *instance) buildPadding(l layoutPlan, fside, bside [2]region, xr, gxr region, fops, bops *opList) error {
 	s, me := l.spec, p.g.Rank()
 	L, n, off := s.Left, s.Shape[s.Dim], l.part.off[me]
 	if sliceElems(s.Shape, s.Dim) == 0 {
 		return nil // slices of no elements: nothing to move or add
 	}
 	f, b := &p.fwd, &p.bwd
-	ftag, btag := tag(p.id, phaseForward), tag(p.id, phaseBackward)
+	ftag, btag := p.g.tag(p.ident, phaseForward), p.g.tag(p.ident, phaseBackward)
 	pos := func(g int64) int64 { return g - off + L } // this rank's padded slice of global slice g
 	side := func(g int64) int {
 		if g < off {
@@ -347,7 +347,7 @@ func (p *Plan) buildPadding(l layoutPlan, fside, bside [2]region, xr, gxr region
 //     gradient, then (when T = 1) each right slot;
 //   - reflect: the left slot, the slice's own gradient, the right slot;
 //   - circular: the slice's own gradient, the right slot, the left slot.
-func (p *Plan) combinePadding(l layoutPlan, contrib map[int64][]contribution, gxr region) error {
+func (p *instance) combinePadding(l layoutPlan, contrib map[int64][]contribution, gxr region) error {
 	s, me := l.spec, p.g.Rank()
 	L, R, T := s.Left, s.Right, l.part.total
 	off, n := l.part.off[me], s.Shape[s.Dim]

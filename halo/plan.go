@@ -1,17 +1,47 @@
 package halo
 
-import "fmt"
+import (
+	"fmt"
+	"slices"
+	"unsafe"
+
+	"github.com/halo-cp/halo/halo/transport"
+)
 
 // Plan is a halo exchange for one layout, or for several exchanged together
 // (one message per peer and direction carries every layout's slabs), made
 // once and run every step.
+//
+// A rank gives its plan its own shard's layout; what runs is an instance:
+// the layout as every rank agreed on it (with every rank's shard length)
+// and its prepared messages. The identity of the instance rides in every
+// message of every call, so ranks that come to a call with different
+// instances (a peer's shard changed length, a peer's plan is new) find out
+// from that call's messages, agree again within the same call and run it
+// on the new instance. A plan keeps its last few instances for layouts that
+// come round again. Nothing a rank sees alone decides what the ranks run.
 type Plan struct {
-	g      *Group
-	id     uint32
-	specs  []Spec      // one per layout, normalized
-	parts  []partition // one per layout, as agreed
-	closed bool
+	g        *Group
+	id       uint32 // this rank's handle number, for messages
+	specs    []Spec // one per layout, normalized
+	closed   bool
+	cur      *instance   // what the next call tries first; nil before any agreement
+	kept     []*instance // agreed instances, most recently used first
+	fwd, bwd dirCall
+}
 
+// keptInstances bounds the instances a plan keeps: each holds staging
+// memory and prepared transport operations.
+const keptInstances = 4
+
+// instance is a plan's layout as agreed by every rank, with both
+// directions' prepared work.
+type instance struct {
+	g        *Group
+	id       uint32 // its plan's, for messages
+	ident    uint64 // what its messages carry (Group.identOf of the agreement)
+	specs    []Spec
+	parts    []partition // one per layout, as agreed
 	fwd, bwd schedule
 }
 
@@ -19,8 +49,10 @@ type Plan struct {
 const MaxLayouts = 16
 
 // NewPlan creates a plan collectively: every rank of the group calls it with
-// its own shard, in the same order relative to other plans. The ranks
-// exchange their layouts and any disagreement fails creation on all of them.
+// its own shard, in the same order relative to its other collective calls
+// (plan creations and exchanges). The ranks exchange their layouts and any
+// disagreement fails creation on all of them, as does a rank that cannot
+// make its part: creation ends alike on every rank.
 func (g *Group) NewPlan(spec Spec) (*Plan, error) { return g.NewMultiPlan([]Spec{spec}) }
 
 // NewMultiPlan creates one plan over several layouts (the inputs of several
@@ -29,13 +61,34 @@ func (g *Group) NewPlan(spec Spec) (*Plan, error) { return g.NewMultiPlan([]Spec
 // direction. The layouts are all padded or all halos-only; each may have its
 // own dtype, shape, dim and halo sizes, and each is agreed on by every rank.
 func (g *Group) NewMultiPlan(specs []Spec) (*Plan, error) {
+	p, err := g.newPlan(specs)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := p.agree(g.nextSeq(), callCreate, nil); err != nil {
+		p.Close()
+		return nil, err
+	}
+	return p, nil
+}
+
+// NewDeferredPlan makes a plan without meeting the other ranks: it checks
+// the layouts locally, and the first call agrees with the others (as every
+// call does when ranks run different instances). A rank may so make a plan
+// whenever it meets a layout it has no plan for, whatever the other ranks
+// hold: the cache of a binding, where one rank's shape may repeat while
+// another's is new.
+func (g *Group) NewDeferredPlan(specs []Spec) (*Plan, error) { return g.newPlan(specs) }
+
+func (g *Group) newPlan(specs []Spec) (*Plan, error) {
 	if err := g.usable(); err != nil {
 		return nil, err
 	}
 	if len(specs) < 1 || len(specs) > MaxLayouts {
 		return nil, fmt.Errorf("%w: rank %d: %d layouts, want 1 to %d", ErrInvalid, g.Rank(), len(specs), MaxLayouts)
 	}
-	p := &Plan{g: g, specs: make([]Spec, len(specs))}
+	p := &Plan{g: g, id: g.nextPlan, specs: make([]Spec, len(specs))}
+	g.nextPlan++
 	for k, spec := range specs {
 		if err := spec.validate(); err != nil {
 			return nil, fmt.Errorf("%w: rank %d: %s%v", ErrInvalid, g.Rank(), layoutName(k, len(specs)), err)
@@ -50,23 +103,60 @@ func (g *Group) NewMultiPlan(specs []Spec) (*Plan, error) {
 		}
 		p.specs[k] = spec.normalized()
 	}
-	p.id = g.nextPlan
-	g.nextPlan++
-	lengths, err := p.agree()
-	if err != nil {
-		return nil, err
+	per := 2
+	if p.specs[0].HalosOnly {
+		per = 3
 	}
+	for _, dc := range []*dirCall{&p.fwd, &p.bwd} {
+		for j := range dc.args {
+			dc.args[j] = make([]unsafe.Pointer, len(specs))
+		}
+		dc.ptrs = make([]unsafe.Pointer, per*len(specs))
+	}
+	p.fwd.d, p.fwd.what = DirForward, "forward"
+	p.bwd.d, p.bwd.what = DirBackward, "backward"
+	return p, nil
+}
+
+// newInstance builds the instance of the agreed lengths (per layout, per
+// rank). It is local: its errors are made common by agree.
+func (p *Plan) newInstance(ident uint64, lengths [][]int64) (*instance, error) {
+	in := &instance{g: p.g, id: p.id, ident: ident, specs: p.specs}
 	for k, l := range lengths {
-		p.parts = append(p.parts, newPartition(l))
-		if err := p.parts[k].checkPadding(&p.specs[k]); err != nil {
-			return nil, fmt.Errorf("%w: rank %d: plan %d: %s%v", ErrInvalid, g.Rank(), p.id, layoutName(k, len(lengths)), err)
+		in.parts = append(in.parts, newPartition(l))
+		if err := in.parts[k].checkPadding(&in.specs[k]); err != nil {
+			return nil, fmt.Errorf("%w: rank %d: plan %d: %s%v", ErrInvalid, p.g.Rank(), p.id, layoutName(k, len(lengths)), err)
 		}
 	}
-	if err := p.build(); err != nil {
-		p.Close()
+	if err := in.build(); err != nil {
+		in.close()
 		return nil, err
 	}
-	return p, nil
+	return in, nil
+}
+
+// find returns the kept instance with identity ident, or nil.
+func (p *Plan) find(ident uint64) *instance {
+	for _, in := range p.kept {
+		if in.ident == ident {
+			return in
+		}
+	}
+	return nil
+}
+
+// use makes in the instance the next call tries, keeping the most recent
+// few; an instance an exchange in flight still runs is never dropped.
+func (p *Plan) use(in *instance) {
+	p.cur = in
+	p.kept = slices.DeleteFunc(p.kept, func(x *instance) bool { return x == in })
+	p.kept = slices.Insert(p.kept, 0, in)
+	for i := len(p.kept) - 1; i >= keptInstances; i-- {
+		if x := p.kept[i]; x != p.fwd.inst && x != p.bwd.inst {
+			x.close()
+			p.kept = slices.Delete(p.kept, i, i+1)
+		}
+	}
 }
 
 // Close releases the plan's transport resources; it is safe to call twice.
@@ -78,32 +168,61 @@ func (p *Plan) Close() error {
 	}
 	p.closed = true
 	var first error
-	for _, s := range []*schedule{&p.fwd, &p.bwd} {
-		if s.inFlight {
-			p.release(s)
+	for _, dc := range []*dirCall{&p.fwd, &p.bwd} {
+		if dc.inFlight {
+			if dc.inst != nil {
+				dc.inst.release(dc.inst.sched(dc.d))
+			}
+			dc.inFlight = false
 			first = p.g.fail(fmt.Errorf("%w: rank %d: plan %d was destroyed while a %s was in flight; the exchange was cancelled (wait for it before destroying the plan)",
-				ErrState, p.g.Rank(), p.id, s.what))
+				ErrState, p.g.Rank(), p.id, dc.what))
+		}
+		if dc.note != nil {
+			if err := dc.note.Close(); err != nil && first == nil {
+				first = err
+			}
 		}
 	}
-	for _, s := range []*schedule{&p.fwd, &p.bwd} {
+	for _, in := range p.kept {
+		if err := in.close(); err != nil && first == nil {
+			first = err
+		}
+	}
+	p.kept, p.cur = nil, nil
+	return first
+}
+
+// close releases an instance's transport resources (no exchange in flight).
+func (in *instance) close() error {
+	var first error
+	for _, s := range []*schedule{&in.fwd, &in.bwd} {
 		if s.batch != nil {
 			if err := s.batch.Close(); err != nil && first == nil {
 				first = err
 			}
+			s.batch = nil
 		}
 		for _, b := range s.staging {
 			if err := b.Free(); err != nil && first == nil {
 				first = err
 			}
 		}
+		s.staging = nil
 	}
 	return first
+}
+
+func (in *instance) sched(d Direction) *schedule {
+	if d == DirBackward {
+		return &in.bwd
+	}
+	return &in.fwd
 }
 
 // Rank is the rank of the plan's group this plan runs on.
 func (p *Plan) Rank() int { return p.g.Rank() }
 
-// ID is the plan's number within its group (also in its tags).
+// ID is the plan's number on this rank (in its messages).
 func (p *Plan) ID() uint32 { return p.id }
 
 // Spec returns the plan's (normalized) layout; the first of a multi-layout
@@ -113,27 +232,37 @@ func (p *Plan) Spec() Spec { return p.specs[0] }
 // Specs returns every layout of the plan, normalized.
 func (p *Plan) Specs() []Spec { return append([]Spec(nil), p.specs...) }
 
-// Lengths are every rank's shard length along dim, as agreed at creation
-// (of the first layout).
-func (p *Plan) Lengths() []int64 { return append([]int64(nil), p.parts[0].n...) }
+// Lengths are every rank's shard length along dim (of the first layout) as
+// last agreed, or nil before the first agreement of a deferred plan.
+func (p *Plan) Lengths() []int64 {
+	if p.cur == nil {
+		return nil
+	}
+	return append([]int64(nil), p.cur.parts[0].n...)
+}
 
-// WireBytes is what this rank sends and receives in one forward pass.
+// WireBytes is what this rank sends and receives in one forward pass of the
+// last agreed instance.
 func (p *Plan) WireBytes() (sent, received int64) {
+	if p.cur == nil {
+		return 0, 0
+	}
 	me := p.g.Rank()
-	for k, s := range p.specs {
+	for k, s := range p.cur.specs {
 		slice := int64(s.DType.Size())
 		for i, n := range s.Shape {
 			if i != s.Dim {
 				slice *= n
 			}
 		}
-		for _, m := range p.parts[k].outgoing(me, s.Left, s.Right) {
+		part := p.cur.parts[k]
+		for _, m := range part.outgoing(me, s.Left, s.Right) {
 			sent += (m.hi - m.lo) * slice
 		}
-		for _, m := range p.parts[k].incoming(me, s.Left, s.Right) {
+		for _, m := range part.incoming(me, s.Left, s.Right) {
 			received += (m.hi - m.lo) * slice
 		}
-		for _, pc := range p.parts[k].padPieces(s.Left, s.Right, s.Padding) {
+		for _, pc := range part.padPieces(s.Left, s.Right, s.Padding) {
 			lo, hi := pc.sources()
 			if pc.owner == me && pc.dst != me {
 				sent += (hi - lo) * slice
@@ -143,4 +272,27 @@ func (p *Plan) WireBytes() (sent, received int64) {
 		}
 	}
 	return
+}
+
+// notes returns dc's batch of empty messages, one to and one from every
+// other rank, for a call with no agreed instance: its peers learn from it
+// that this rank must agree first. Made on first need.
+func (p *Plan) notes(dc *dirCall) (transport.Batch, error) {
+	if dc.note != nil || p.g.Size() == 1 {
+		return dc.note, nil
+	}
+	var l opList
+	l.dense(p.g.Rank(), p.g.Size(), p.g.tag(identNone, dc.phase()))
+	b, err := p.g.t.Prepare(l.ops)
+	if err != nil {
+		return nil, fmt.Errorf("rank %d: preparing plan %d: %w", p.g.Rank(), p.id, err)
+	}
+	dc.note = b
+	dc.noteRecvs = dc.noteRecvs[:0]
+	for i, op := range l.ops {
+		if !op.Send {
+			dc.noteRecvs = append(dc.noteRecvs, recvInfo{op: i, peer: op.Peer})
+		}
+	}
+	return b, nil
 }

@@ -22,8 +22,9 @@ type schedule struct {
 	names   []string // of the fixed bases
 	ext     []int64  // byte extents of the fixed bases, for the pointer checks
 	fixed   int
-	nmsg    int // messages per exchange (one per peer and kind)
+	nmsg    int // messages with data per exchange (one per peer and kind)
 	batch   transport.Batch
+	recvs   []recvInfo       // the batch's receives
 	args    []unsafe.Pointer // scratch for the multi calls' tensors, fixed long
 	bases   []uintptr        // what the batch is posted with
 	ptrs    []unsafe.Pointer // the same, for the local work
@@ -43,6 +44,13 @@ type schedule struct {
 	aliased []bool // per alias, set by start: skip that layout's copyIn
 
 	inFlight bool // between start and the wait or test that completes it
+}
+
+// recvInfo is one receive of a batch: its index among the batch's
+// operations, its peer, and the bytes it expects.
+type recvInfo struct {
+	op, peer int
+	want     int64
 }
 
 // alias says where a padded layout's unpadded tensor (base inner) would be
@@ -85,7 +93,7 @@ type layoutPlan struct {
 // build prepares both directions from the agreed partitions. Each layout
 // contributes its slabs; the slabs for one peer in one direction travel as
 // one message, in layout order on both sides.
-func (p *Plan) build() error {
+func (p *instance) build() error {
 	me := p.g.Rank()
 	f, b := &p.fwd, &p.bwd
 	f.what, b.what = "forward", "backward"
@@ -102,6 +110,9 @@ func (p *Plan) build() error {
 			return err
 		}
 	}
+	f.nmsg, b.nmsg = len(fops.ops), len(bops.ops)
+	fops.dense(me, p.g.Size(), p.g.tag(p.ident, phaseForward))
+	bops.dense(me, p.g.Size(), p.g.tag(p.ident, phaseBackward))
 	for _, sc := range []struct {
 		s   *schedule
 		ops []transport.Op
@@ -114,7 +125,11 @@ func (p *Plan) build() error {
 			sc.s.bases[sc.s.fixed+i] = buf.Addr()
 			sc.s.ptrs[sc.s.fixed+i] = unsafe.Pointer(unsafe.SliceData(buf.Bytes()))
 		}
-		sc.s.nmsg = len(sc.ops)
+		for i, op := range sc.ops {
+			if !op.Send {
+				sc.s.recvs = append(sc.s.recvs, recvInfo{op: i, peer: op.Peer, want: op.Bytes()})
+			}
+		}
 		if len(sc.ops) > 0 {
 			batch, err := p.g.t.Prepare(sc.ops)
 			if err != nil {
@@ -132,6 +147,31 @@ type opList struct {
 	ops []transport.Op
 }
 
+// dense completes the list to exactly one send to and one receive from
+// every other rank (empty where no slab travels) and makes every receive
+// loose on the call's number: each rank then hears from every peer in
+// every call, and learns from the tag whether that peer runs the same
+// agreed layout (see Group.tag). Without the empty messages a rank whose
+// neighbours all agree could finish while a far rank waits for it to
+// re-plan.
+func (l *opList) dense(me, size int, tag uint64) {
+	for q := 0; q < size; q++ {
+		if q == me {
+			continue
+		}
+		for _, send := range []bool{false, true} {
+			if !slices.ContainsFunc(l.ops, func(o transport.Op) bool { return o.Peer == q && o.Send == send }) {
+				l.ops = append(l.ops, transport.Op{Peer: q, Tag: tag, Send: send})
+			}
+		}
+	}
+	for i := range l.ops {
+		if !l.ops[i].Send {
+			l.ops[i].Match = seqMask
+		}
+	}
+}
+
 func (l *opList) add(op *transport.Op) {
 	if op == nil {
 		return
@@ -147,14 +187,14 @@ func (l *opList) add(op *transport.Op) {
 
 // buildLayout adds layout l's work to both schedules; its fixed bases start
 // at base0.
-func (p *Plan) buildLayout(l layoutPlan, base0 int, fops, bops *opList) error {
+func (p *instance) buildLayout(l layoutPlan, base0 int, fops, bops *opList) error {
 	s, me := l.spec, p.g.Rank()
 	L, R, n := s.Left, s.Right, s.Shape[s.Dim]
 	off := l.part.off[me]
 	in := l.part.incoming(me, L, R)
 	out := l.part.outgoing(me, L, R)
 	padL, padR := l.part.padding(me, L, R)
-	ftag, btag := tag(p.id, phaseForward), tag(p.id, phaseBackward)
+	ftag, btag := p.g.tag(p.ident, phaseForward), p.g.tag(p.ident, phaseBackward)
 	f, b := &p.fwd, &p.bwd
 	K := len(p.specs)
 
@@ -269,7 +309,7 @@ func (s *Spec) haloShape(k int64) []int64 {
 
 // aliasOffset is the byte offset at which the unpadded tensor is the padded
 // one's interior, if their strides allow it, else -1.
-func (p *Plan) aliasOffset(l layoutPlan, inner, outer []int64) int64 {
+func (p *instance) aliasOffset(l layoutPlan, inner, outer []int64) int64 {
 	if !slices.Equal(inner, outer) {
 		return -1
 	}
@@ -285,13 +325,13 @@ func (l layoutPlan) box(r region, lo, hi int64) ([]int64, int64) {
 }
 
 // oneOperand is a walk over the padded slices [lo, hi) of region r.
-func (p *Plan) oneOperand(l layoutPlan, r region, lo, hi int64) local {
+func (p *instance) oneOperand(l layoutPlan, r region, lo, hi int64) local {
 	bx, o := l.box(r, lo, hi)
 	return local{w: newWalk(bx, [][]int64{r.strides}, []int64{o}), dst: r.base, src: -1, elem: l.elem, dt: l.spec.DType}
 }
 
 // twoOperands is a walk over the padded slices [lo, hi) of both regions.
-func (p *Plan) twoOperands(l layoutPlan, dst, src region, lo, hi int64, layout int) local {
+func (p *instance) twoOperands(l layoutPlan, dst, src region, lo, hi int64, layout int) local {
 	bx, do := l.box(dst, lo, hi)
 	_, so := l.box(src, lo, hi)
 	return local{w: newWalk(bx, [][]int64{dst.strides, src.strides}, []int64{do, so}), dst: dst.base, src: src.base,
@@ -300,7 +340,7 @@ func (p *Plan) twoOperands(l layoutPlan, dst, src region, lo, hi int64, layout i
 
 // inPlace decides whether a slab goes on the wire from/to the caller's
 // memory (contiguous or IOV) rather than through a staging buffer.
-func (p *Plan) inPlace(w *walk, elem int) bool {
+func (p *instance) inPlace(w *walk, elem int) bool {
 	runs := w.runs()
 	if runs <= 1 {
 		return true
@@ -318,7 +358,7 @@ func (p *Plan) inPlace(w *walk, elem int) bool {
 // direct says whether a slab goes on the wire straight from or into the
 // caller's memory. Memory the CPU must not touch always does (bytesOnly);
 // then a slab of more runs than an I/O vector takes is an error.
-func (p *Plan) direct(l layoutPlan, w *walk) (bool, error) {
+func (p *instance) direct(l layoutPlan, w *walk) (bool, error) {
 	if l.spec.Memory == MemoryHost {
 		return p.inPlace(w, l.elem), nil
 	}
@@ -336,7 +376,7 @@ const maxDirectSegments = 1 << 16
 // to two ranks: the backward writes each neighbour's gradient where it
 // belongs instead of adding it, so two of them must not meet on one slice.
 // Every rank checks every rank's messages, so all of them fail alike.
-func (p *Plan) sentOnce(l layoutPlan) error {
+func (p *instance) sentOnce(l layoutPlan) error {
 	L, R := l.spec.Left, l.spec.Right
 	for q, n := range l.part.n {
 		if min(L, n)+min(R, n) > n {
@@ -358,7 +398,7 @@ func (p *Plan) sentOnce(l layoutPlan) error {
 }
 
 // stage adds a staging buffer of bytes to s and returns its base.
-func (p *Plan) stage(s *schedule, bytes int64) (int, error) {
+func (p *instance) stage(s *schedule, bytes int64) (int, error) {
 	buf, err := p.g.t.Alloc(int(bytes))
 	if err != nil {
 		return 0, fmt.Errorf("rank %d: staging buffer of %d bytes for plan %d: %w", p.g.Rank(), bytes, p.id, err)
@@ -368,7 +408,7 @@ func (p *Plan) stage(s *schedule, bytes int64) (int, error) {
 }
 
 // sendOp prepares the send of the padded slices [lo, hi) of region r.
-func (p *Plan) sendOp(s *schedule, l layoutPlan, r region, lo, hi int64, peer int, tag uint64) (*transport.Op, error) {
+func (p *instance) sendOp(s *schedule, l layoutPlan, r region, lo, hi int64, peer int, tag uint64) (*transport.Op, error) {
 	bx, o := l.box(r, lo, hi)
 	w := wireWalk(bx, [][]int64{r.strides}, []int64{o})
 	if w.runs() == 0 {
@@ -390,7 +430,7 @@ func (p *Plan) sendOp(s *schedule, l layoutPlan, r region, lo, hi int64, peer in
 // recvOp prepares the receive of the padded slices [lo, hi) of region r: in
 // place, or into staging and then unpacked, or (accumulate) into staging and
 // then added.
-func (p *Plan) recvOp(s *schedule, l layoutPlan, r region, lo, hi int64, peer int, tag uint64, accumulate bool) (*transport.Op, error) {
+func (p *instance) recvOp(s *schedule, l layoutPlan, r region, lo, hi int64, peer int, tag uint64, accumulate bool) (*transport.Op, error) {
 	bx, o := l.box(r, lo, hi)
 	w := wireWalk(bx, [][]int64{r.strides}, []int64{o})
 	if w.runs() == 0 {

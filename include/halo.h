@@ -165,7 +165,10 @@ enum {
     HALO_PLAN_PARAM_RIGHT_STRIDES    = 1u << 7,
     HALO_PLAN_PARAM_GRAD_LEFT_STRIDES  = 1u << 8,
     HALO_PLAN_PARAM_GRAD_RIGHT_STRIDES = 1u << 9,
-    HALO_PLAN_PARAM_MEMORY_TYPE        = 1u << 10
+    HALO_PLAN_PARAM_MEMORY_TYPE        = 1u << 10,
+    /** Not a field: create the plan without meeting the other ranks (see
+     * halo_plan_create). */
+    HALO_PLAN_PARAM_DEFERRED           = 1u << 11
 };
 
 /**
@@ -306,8 +309,23 @@ halo_result_t halo_comm_abort(halo_comm_t comm);
 
 /**
  * @brief Create a plan, collectively: every rank calls it, in the same order
- * relative to its other plans. Ranks exchange their layouts; any disagreement
- * fails with HALO_ERR_MISMATCH on every rank, naming the ranks and fields.
+ * relative to its other collective calls (plan creations and exchanges).
+ * Ranks exchange their layouts; any disagreement fails with
+ * HALO_ERR_MISMATCH on every rank, naming the ranks and fields, and a rank
+ * that cannot make its part (its staging cannot be allocated) fails creation
+ * on every rank with its result code, naming it: creation ends alike
+ * everywhere, and the communicator stays usable.
+ *
+ * With HALO_PLAN_PARAM_DEFERRED in params->field_mask, creation is local
+ * (the layout is checked, nothing is sent) and the plan's first exchange
+ * agrees. Every exchange carries the identity of the layout its rank runs as
+ * agreed by all ranks (every rank's shard length included): ranks that come
+ * to one exchange with different agreed layouts, or a rank with none yet,
+ * learn it from that exchange's messages and agree again within it, so a
+ * rank may create a plan whenever it meets a new shard shape while the
+ * other ranks reuse theirs (a binding's plan cache). Ranks that truly
+ * disagree (dtype, halos, padding, the other dims, forward against
+ * backward) fail that exchange at once with HALO_ERR_MISMATCH on every rank.
  */
 halo_result_t halo_plan_create(halo_comm_t comm, const halo_plan_params_t *params, halo_plan_t *plan);
 
@@ -365,6 +383,9 @@ halo_result_t halo_plan_halos_backward_start(halo_plan_t plan, const void *grad_
  * set to 1 (and the exchange finished) once its messages have all arrived,
  * else to 0. Communication advances only inside halo library calls: a
  * caller that computes between start and wait gains by testing now and then.
+ * A test that finds the exchange's messages arrived from ranks that ran
+ * another agreed layout (see halo_plan_create) agrees again and reruns the
+ * exchange before it returns: that one call blocks, within the deadline.
  */
 halo_result_t halo_plan_test(halo_plan_t plan, halo_direction_t direction, int *done);
 

@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -66,6 +67,10 @@ type call struct {
 	deadline time.Time
 	keys     []string
 	log      zerolog.Logger
+	// stay keeps the connection open after the leave (Present), and
+	// presence is that connection once the call has succeeded.
+	stay     bool
+	presence *Presence
 }
 
 func newCall(ctx context.Context, cfg ClientConfig, start time.Time) (*call, error) {
@@ -127,6 +132,85 @@ func Allgather(ctx context.Context, cfg ClientConfig, payload []byte) ([][]byte,
 	return c.allgather(ctx, payload)
 }
 
+// Present is Allgather for a rank that stays in the job while it runs: the
+// connection to the server is kept open after the result until Close, so
+// that a shared server sees the job alive. While it is, the server refuses
+// any rank that arrives under the job's name, and tells the ranks present
+// that their job may have met another run's ranks (Presence.Done, Err).
+func Present(ctx context.Context, cfg ClientConfig, payload []byte) ([][]byte, *Presence, error) {
+	c, err := newCall(ctx, cfg, time.Now())
+	if err != nil {
+		return nil, nil, err
+	}
+	c.stay = true
+	values, err := c.allgather(ctx, payload)
+	if err != nil {
+		return nil, nil, err
+	}
+	p := c.presence
+	if p == nil { // the server hung up at once
+		p = &Presence{done: make(chan struct{})}
+		close(p.done)
+		return values, p, nil
+	}
+	go p.watch(c)
+	return values, p, nil
+}
+
+// Presence is a rank's open connection to the rendezvous after Present.
+type Presence struct {
+	conn net.Conn
+	br   *bufio.Reader
+	done chan struct{}
+	err  error // written before done is closed
+	once sync.Once
+}
+
+// Done is closed when the connection ends: the server's notice came (Err),
+// the server went away, or Close was called.
+func (p *Presence) Done() <-chan struct{} { return p.done }
+
+// Err is the server's notice once Done is closed: an *Error (CodeDuplicate:
+// a rank of another run arrived under this job's name), or nil when the
+// connection just ended.
+func (p *Presence) Err() error {
+	select {
+	case <-p.done:
+		return p.err
+	default:
+		return nil
+	}
+}
+
+// Close hangs up and waits for the watch to end; safe to call twice.
+func (p *Presence) Close() error {
+	p.once.Do(func() {
+		if p.conn != nil {
+			p.conn.Close()
+		}
+	})
+	<-p.done
+	return nil
+}
+
+// watch waits for the server's one notice, or for the connection to end.
+func (p *Presence) watch(c *call) {
+	defer close(p.done)
+	defer p.once.Do(func() { p.conn.Close() })
+	body, err := readFrame(p.br, 64<<10, 64<<10)
+	if err != nil {
+		return
+	}
+	m, err := Decode(body)
+	if err != nil {
+		return
+	}
+	if r, ok := m.(*ErrorReply); ok {
+		p.err = c.fromReply(r)
+		c.log.Warn().Err(p.err).Msg("the rendezvous server failed the job while it runs")
+	}
+}
+
 func (c *call) allgather(ctx context.Context, payload []byte) ([][]byte, error) {
 	backoff := 10 * time.Millisecond
 	var last error
@@ -182,7 +266,12 @@ func (c *call) once(ctx context.Context, payload []byte) (values [][]byte, conne
 	if err != nil {
 		return nil, false, err
 	}
-	defer conn.Close()
+	kept := false
+	defer func() {
+		if !kept {
+			conn.Close()
+		}
+	}()
 	// Cancelling ctx unblocks whatever read or write is under way; a
 	// deadline set later must not undo that.
 	setDeadline := func(t time.Time) {
@@ -229,6 +318,11 @@ func (c *call) once(ctx context.Context, payload []byte) (values [][]byte, conne
 	setDeadline(time.Now().Add(leaveTimeout))
 	if _, err := cc.roundTrip(&Leave{}, TypeAck); err != nil {
 		c.log.Debug().Err(err).Msg("leave failed")
+	} else if c.stay {
+		stop()
+		conn.SetDeadline(time.Time{})
+		kept = true
+		c.presence = &Presence{conn: conn, br: cc.br, done: make(chan struct{})}
 	}
 	// The values alias frame buffers that are ours alone: no copy needed.
 	return values, true, nil

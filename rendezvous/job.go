@@ -44,6 +44,10 @@ type job struct {
 	// waiters holds, per missing key, the channels of the gets blocked on it.
 	waiters map[string]map[chan struct{}]struct{}
 	done    chan struct{} // closed when every rank has left
+	// present holds the sessions of ranks that have left but keep their
+	// connection open while they run (see session.leave): while any does,
+	// the job is complete and alive, and a latecomer is refused.
+	present map[*session]struct{}
 	// events wakes the hosting rank when a rank goes away or is told of
 	// a failure (one pending signal is enough).
 	events chan struct{}
@@ -64,6 +68,7 @@ func newJob(key jobKey, size, sizeFrom int, now time.Time) *job {
 		failedCh: make(chan struct{}),
 		waiters:  make(map[string]map[chan struct{}]struct{}),
 		done:     make(chan struct{}),
+		present:  make(map[*session]struct{}),
 		events:   make(chan struct{}, 1),
 	}
 }
@@ -190,4 +195,14 @@ func (j *job) notLeft() []int {
 		}
 	}
 	return ranks
+}
+
+// complete reports whether every rank has left with the result.
+func (j *job) complete() bool {
+	select {
+	case <-j.done:
+		return true
+	default:
+		return false
+	}
 }

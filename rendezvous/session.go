@@ -46,6 +46,14 @@ func (ss *session) serve() {
 					ss.log.Debug().Msg("rank went away before leaving")
 				}
 			}
+			delete(j.present, ss)
+			// A complete job is forgotten once its last rank hangs up: the
+			// next run under the same id starts afresh. One that failed
+			// stays a while (jobForLocked), to tell latecomers why.
+			if j.refs == 0 && j.complete() && j.failed == nil && j != s.pinned && s.jobs[j.key] == j {
+				delete(s.jobs, j.key)
+				ss.log.Info().Int("size", j.size).Dur("elapsed", time.Since(j.created)).Msg("job ended")
+			}
 		}
 		s.mu.Unlock()
 		s.wg.Done()
@@ -94,6 +102,12 @@ func (ss *session) armReadDeadline() bool {
 	defer s.mu.Unlock()
 	if s.closing {
 		return false
+	}
+	if ss.left {
+		// A rank that has left sends nothing more, but may keep its
+		// connection for as long as it runs (see leave): no idle limit.
+		ss.conn.SetReadDeadline(time.Time{})
+		return true
 	}
 	wait := s.cfg.IdleTimeout
 	if ss.job == nil {
@@ -303,6 +317,21 @@ func (ss *session) hello(h *Hello) (Message, bool) {
 	j.maxSize = max(j.maxSize, min(size, s.cfg.MaxKeysPerJob))
 	switch {
 	case j.failed != nil:
+	case j.complete():
+		// Every rank has its result and some still hold their connection:
+		// this one belongs to another run under the same name, and so, it
+		// may be, do some of the ranks that met. Fail them too.
+		j.fail(CodeDuplicate, fmt.Sprintf("rank %d of %s arrived from %s after the job's %d ranks had met, while they still run: "+
+			"two runs share this job id and attempt, so the ranks that met may belong to different runs", rank, j.key.describe(), ss.conn.RemoteAddr(), j.size))
+		log.Warn().Int("present", len(j.present)).Msg("job failed: a rank arrived for a job that is complete and still running")
+		notice := j.failed
+		for p := range j.present {
+			s.wg.Add(1)
+			go func() { // write takes the lock
+				defer s.wg.Done()
+				p.write(notice)
+			}()
+		}
 	case size != j.size:
 		j.fail(CodeMismatch, fmt.Sprintf("rank %d says the job has %d ranks, but rank %d said %d", rank, size, j.sizeFrom, j.size))
 		log.Warn().Int("size", size).Int("expected_size", j.size).Msg("job failed: ranks disagree on its size")
@@ -561,6 +590,10 @@ func (w *watcher) stop(c net.Conn) {
 	<-w.done
 }
 
+// leave records that the rank has its result. Its connection may stay open
+// afterwards for as long as the rank runs (Present): that is how the server
+// knows the job is alive, so that a latecomer under its name is refused and
+// the ranks present are told.
 func (ss *session) leave() (Message, bool) {
 	s := ss.srv
 	s.mu.Lock()
@@ -568,6 +601,7 @@ func (ss *session) leave() (Message, bool) {
 	j := ss.job
 	ss.left = true
 	j.left[ss.rank] = struct{}{}
+	j.present[ss] = struct{}{}
 	if c := j.claims[ss.rank]; c != nil && c.instance == ss.instance {
 		c.left = true
 	}
@@ -576,10 +610,7 @@ func (ss *session) leave() (Message, bool) {
 		select {
 		case <-j.done:
 		default:
-			close(j.done)
-			if j != s.pinned && s.jobs[j.key] == j {
-				delete(s.jobs, j.key)
-			}
+			close(j.done) // the job is forgotten when its last connection closes (serve)
 			ss.log.Info().Int("size", j.size).Dur("elapsed", time.Since(j.created)).Msg("job complete")
 		}
 	}

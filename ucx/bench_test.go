@@ -56,7 +56,7 @@ func pingPong(tr *Transport, peer, n, segs, iters int) (string, error) {
 	bases := []uintptr{buf.Addr()}
 	round := func() error {
 		for _, b := range batches {
-			if err := b.Post(bases); err != nil {
+			if err := b.Post(bases, 0); err != nil {
 				return err
 			}
 			if err := b.Wait(time.Now().Add(60 * time.Second)); err != nil {
@@ -107,7 +107,7 @@ func benchPingPong(b *testing.B, n, segs int, opts Options) {
 		bases := []uintptr{cbuf.Addr()}
 		for i := 0; i < total; i++ {
 			for _, p := range []*Batch{pongRecv, pongSend} {
-				if err := p.Post(bases); err != nil {
+				if err := p.Post(bases, 0); err != nil {
 					errc <- err
 					return
 				}
@@ -124,7 +124,7 @@ func benchPingPong(b *testing.B, n, segs int, opts Options) {
 	defer runtime.UnlockOSThread()
 	bases := []uintptr{abuf.Addr()}
 	round := func() {
-		if err := ping.Post(bases); err != nil {
+		if err := ping.Post(bases, 0); err != nil {
 			b.Fatal(err)
 		}
 		if err := ping.Wait(time.Now().Add(30 * time.Second)); err != nil {
@@ -168,7 +168,7 @@ func TestPostWaitNoAllocs(t *testing.T) {
 		defer runtime.UnlockOSThread()
 		bases := []uintptr{cbuf.Addr()}
 		for i := 0; i < runs+1; i++ { // AllocsPerRun runs once more to warm up
-			if err := cb.Post(bases); err != nil {
+			if err := cb.Post(bases, 0); err != nil {
 				done <- err
 				return
 			}
@@ -183,7 +183,7 @@ func TestPostWaitNoAllocs(t *testing.T) {
 	var err error
 	allocs := testing.AllocsPerRun(runs, func() {
 		if err == nil {
-			err = ab.Post(bases)
+			err = ab.Post(bases, 0)
 		}
 		if err == nil {
 			err = ab.Wait(time.Now().Add(10 * time.Second))
@@ -226,7 +226,7 @@ func stream(tr *Transport, peer, n, segs, window, iters int) (string, error) {
 		if i == warmup {
 			start = time.Now()
 		}
-		if err := b.Post(bases); err != nil {
+		if err := b.Post(bases, 0); err != nil {
 			return "", err
 		}
 		if err := b.Wait(time.Now().Add(60 * time.Second)); err != nil {

@@ -379,12 +379,18 @@ hux_batch_t *hux_batch_new(hux_transport_t *t, int nops, int nsegs, int nbases)
 
 static void hux_op_finish(hux_batch_t *b, hux_op_t *op, ucs_status_t status)
 {
-    op->status = status;
     if (!op->is_send &&
         ((status == UCS_OK) || (status == UCS_ERR_MESSAGE_TRUNCATED))) {
         /* For a truncated message this is the sender's length. */
         op->received = op->info.length;
+        if ((status == UCS_ERR_MESSAGE_TRUNCATED) &&
+            (op->mask != (ucp_tag_t)-1)) {
+            /* A loose receive takes any length: its caller compares
+             * info.sender_tag and received with what it expected. */
+            status = UCS_OK;
+        }
     }
+    op->status = status;
     ucp_request_free(op->req);
     op->req = NULL;
     --b->pending;
@@ -454,14 +460,15 @@ int hux_batch_post(hux_batch_t *b)
         }
 
         if (op->is_send) {
-            sp = ucp_tag_send_nbx(p->ep, buf, count, op->tag, &param);
+            sp = ucp_tag_send_nbx(p->ep, buf, count, op->tag | b->tag_or,
+                                  &param);
         } else {
             /* UCX 1.13 documents recv_info for an immediate completion but
              * never fills it in: without a request the received length
              * would be unknown, and a short message would go unnoticed. */
             param.op_attr_mask |= UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
-            sp = ucp_tag_recv_nbx(t->worker, buf, count, op->tag,
-                                  (ucp_tag_t)-1, &param);
+            sp = ucp_tag_recv_nbx(t->worker, buf, count, op->tag | b->tag_or,
+                                  op->mask, &param);
         }
 
         if (sp == NULL) {

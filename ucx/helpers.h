@@ -55,6 +55,9 @@ typedef struct hux_transport {
 typedef struct hux_op {
     /* Set once by Prepare. */
     ucp_tag_t     tag;       /* wire tag (sender rank in the top bits) */
+    ucp_tag_t     mask;      /* receive only: the tag bits it matches (all,
+                                or the sender and the caller's Match: then
+                                any length is accepted, see Op.Match) */
     int32_t       peer;
     int32_t       is_send;
     int32_t       base;      /* base (index into hux_batch_t.bases) of the only segment when nseg <= 1 */
@@ -82,6 +85,7 @@ typedef struct hux_batch {
     int              first;   /* no request below this index is outstanding */
     int              zombie;  /* UCX kept requests that may read iov */
     uintptr_t       *bases;   /* nbases entries, written by Go before a post */
+    ucp_tag_t        tag_or;  /* OR'ed into every tag of a post, written by Go */
     int              nbases;
     int64_t         *seg_off; /* pool for the ops' seg_off arrays */
     int32_t         *seg_base; /* pool for the ops' seg_base arrays */

@@ -118,7 +118,7 @@ func runHelper(mode string) error {
 		if err != nil {
 			return err
 		}
-		if err := b.Post([]uintptr{buf.Addr()}); err != nil {
+		if err := b.Post([]uintptr{buf.Addr()}, 0); err != nil {
 			return err
 		}
 		if err := b.Wait(time.Now().Add(20 * time.Second)); err != nil {
@@ -289,7 +289,7 @@ func TestPeerKilled(t *testing.T) {
 				{Peer: 1, Tag: 2, Segs: contig(0, 2048)},
 				{Peer: 1, Tag: 1, Send: true, Segs: contig(2048, 2048)},
 			})
-			if err := warm.Post([]uintptr{buf.Addr()}); err != nil {
+			if err := warm.Post([]uintptr{buf.Addr()}, 0); err != nil {
 				t.Fatal(err)
 			}
 			if err := warm.Wait(time.Now().Add(20 * time.Second)); err != nil {
@@ -304,7 +304,7 @@ func TestPeerKilled(t *testing.T) {
 				names = append(names, "send to rank 1 (tag 0x4, 4194304 bytes)")
 			}
 			b := prepare(t, tr, ops)
-			if err := b.Post([]uintptr{buf.Addr()}); err != nil {
+			if err := b.Post([]uintptr{buf.Addr()}, 0); err != nil {
 				t.Fatal(err)
 			}
 			go func() {

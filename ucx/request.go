@@ -23,6 +23,7 @@ type Batch struct {
 	ops   []C.hux_op_t   // over c.ops
 	bases []C.uintptr_t  // over c.bases
 	info  []opInfo       // same order as ops, for error messages
+	at    []int          // at[i] is where Prepare's op i is in ops
 	// posted is true from a Post until the Wait that ends it.
 	posted bool
 }
@@ -31,6 +32,7 @@ type opInfo struct {
 	peer  int
 	tag   uint64
 	send  bool
+	loose bool // a receive with a Match: any length, checked by the caller
 	bytes int64
 }
 
@@ -81,6 +83,7 @@ func (t *Transport) Prepare(ops []transport.Op) (*Batch, error) {
 		ops:   unsafe.Slice(c.ops, len(ops)),
 		bases: unsafe.Slice(c.bases, nbases),
 		info:  make([]opInfo, len(ops)),
+		at:    make([]int, len(ops)),
 	}
 	segOff := unsafe.Slice(c.seg_off, max(nsegs, 1))
 	segBase := unsafe.Slice(c.seg_base, max(nsegs, 1))
@@ -98,6 +101,12 @@ func (t *Transport) Prepare(ops []transport.Op) (*Batch, error) {
 		}
 		co := &b.ops[j]
 		co.tag = C.ucp_tag_t(t.wireTag(op.Tag, sender))
+		co.mask = ^C.ucp_tag_t(0)
+		loose := !op.Send && op.Match != 0
+		if loose {
+			co.mask = C.ucp_tag_t(t.wireTag(op.Match, (1<<t.rankBits)-1))
+		}
+		b.at[i] = j
 		co.peer = C.int32_t(op.Peer)
 		co.is_send = 0
 		if op.Send {
@@ -123,7 +132,7 @@ func (t *Transport) Prepare(ops []transport.Op) (*Batch, error) {
 			}
 			next += len(op.Segs)
 		}
-		b.info[j] = opInfo{peer: op.Peer, tag: op.Tag, send: op.Send, bytes: bytes}
+		b.info[j] = opInfo{peer: op.Peer, tag: op.Tag, send: op.Send, loose: loose, bytes: bytes}
 	}
 	t.batches[b] = struct{}{}
 	return b, nil
@@ -135,8 +144,8 @@ func (t *Transport) checkOp(op transport.Op) error {
 		return fmt.Errorf("peer %d is not a rank of a group of %d", op.Peer, t.size)
 	case op.Peer == t.rank:
 		return fmt.Errorf("peer %d is this rank", op.Peer)
-	case t.rankBits > 0 && op.Tag>>(64-t.rankBits) != 0:
-		return fmt.Errorf("tag %#x does not fit in %d bits", op.Tag, 64-t.rankBits)
+	case t.rankBits > 0 && (op.Tag|op.Match)>>(64-t.rankBits) != 0:
+		return fmt.Errorf("tag %#x (match %#x) does not fit in %d bits", op.Tag, op.Match, 64-t.rankBits)
 	case !t.Moves(op.Memory):
 		return fmt.Errorf("%w: UCX %s moves %s memory only, not %v (use a UCX built with CUDA support: HPC-X, or configured --with-cuda)",
 			ErrMemoryType, Version(), strings.Join(t.MemoryTypes(), ", "), op.Memory)
@@ -163,10 +172,11 @@ func (t *Transport) wireTag(tag uint64, sender int) uint64 {
 }
 
 // Post starts every operation, receives first, with segment addresses
-// bases[seg.Base]+seg.Off. The memory must stay valid until Wait returns.
-// Operations that cannot start (for example because their peer has failed)
-// are reported by Wait.
-func (b *Batch) Post(bases []uintptr) error {
+// bases[seg.Base]+seg.Off and tagOr OR'ed into every tag (the bits a caller
+// varies per post, such as a call's number). The memory must stay valid
+// until Wait returns. Operations that cannot start (for example because
+// their peer has failed) are reported by Wait.
+func (b *Batch) Post(bases []uintptr, tagOr uint64) error {
 	t := b.t
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -185,9 +195,13 @@ func (b *Batch) Post(bases []uintptr) error {
 	if len(bases) < len(b.bases) {
 		return fmt.Errorf("ucx: post: %d bases for a batch that uses %d", len(bases), len(b.bases))
 	}
+	if t.rankBits > 0 && tagOr>>(64-t.rankBits) != 0 {
+		return fmt.Errorf("ucx: post: tag bits %#x do not fit in %d bits", tagOr, 64-t.rankBits)
+	}
 	for i := range b.bases {
 		b.bases[i] = C.uintptr_t(bases[i])
 	}
+	b.c.tag_or = C.ucp_tag_t(tagOr)
 	if C.hux_batch_post(b.c) != 0 {
 		return ErrAborted
 	}
@@ -252,7 +266,7 @@ func (b *Batch) result() error {
 	b.posted = false
 	for i := range b.ops {
 		op := &b.ops[i]
-		if op.status != C.UCS_OK || (op.is_send == 0 && op.received != op.bytes) {
+		if op.status != C.UCS_OK || (op.is_send == 0 && !b.info[i].loose && op.received != op.bytes) {
 			return b.failure()
 		}
 	}
@@ -267,7 +281,7 @@ func (b *Batch) failure() error {
 		info := b.info[i]
 		var err error
 		switch st := Status(op.status); {
-		case st == StatusOK && op.is_send == 0 && op.received != op.bytes:
+		case st == StatusOK && op.is_send == 0 && !info.loose && op.received != op.bytes:
 			err = &LengthError{Expected: info.bytes, Got: int64(op.received)}
 		case st == StatusOK:
 			continue
@@ -293,6 +307,22 @@ func (b *Batch) failure() error {
 		})
 	}
 	return werr
+}
+
+// Received is what receive i (in Prepare's order) of the last completed
+// post got: the sender's tag (its caller's bits, without the rank) and the
+// sender's length, which a loose receive may have truncated. Call it only
+// after a Wait or Test that returned done without an error.
+func (b *Batch) Received(i int) (tag uint64, n int64) {
+	if b.c == nil || i < 0 || i >= len(b.at) {
+		return 0, -1
+	}
+	op := &b.ops[b.at[i]]
+	tag = uint64(op.info.sender_tag)
+	if b.t.rankBits > 0 {
+		tag &= 1<<(64-b.t.rankBits) - 1
+	}
+	return tag, int64(op.received)
 }
 
 // Close releases the batch. A batch still posted is aborted first, as after

@@ -73,7 +73,7 @@ func run(deadline time.Duration, batches []*Batch, bases [][]uintptr) []error {
 			defer wg.Done()
 			runtime.LockOSThread()
 			defer runtime.UnlockOSThread()
-			if err := batches[i].Post(bases[i]); err != nil {
+			if err := batches[i].Post(bases[i], 0); err != nil {
 				errs[i] = err
 				return
 			}
@@ -251,7 +251,7 @@ func TestTagSeparation(t *testing.T) {
 				defer runtime.UnlockOSThread()
 				deadline := time.Now().Add(10 * time.Second)
 				for _, s := range []*Batch{send2, send1} {
-					if err := s.Post([]uintptr{src.Addr()}); err != nil {
+					if err := s.Post([]uintptr{src.Addr()}, 0); err != nil {
 						errc <- err
 						return
 					}
@@ -266,7 +266,7 @@ func TestTagSeparation(t *testing.T) {
 			}()
 			deadline := time.Now().Add(10 * time.Second)
 			for _, r := range []*Batch{recv1, recv2} {
-				if err := r.Post([]uintptr{dst.Addr()}); err != nil {
+				if err := r.Post([]uintptr{dst.Addr()}, 0); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -366,7 +366,7 @@ func TestLengthMismatch(t *testing.T) {
 				go func() {
 					runtime.LockOSThread()
 					defer runtime.UnlockOSThread()
-					err := sb.Post([]uintptr{src.Addr()})
+					err := sb.Post([]uintptr{src.Addr()}, 0)
 					if err == nil {
 						err = sb.Wait(time.Now().Add(5 * time.Second))
 					}
@@ -397,6 +397,61 @@ func TestLengthMismatch(t *testing.T) {
 	}
 }
 
+// A loose receive takes the peer's next message that agrees on its Match
+// bits, of any length (a longer one cut, its sender still completing), and
+// Received reports the sender's tag and length: how an exchange hears a
+// peer that runs another plan without waiting for a message never sent.
+func TestLooseReceive(t *testing.T) {
+	a, b := openPair(t, testOptions())
+	const match = 0xfffff
+	cases := []struct {
+		name       string
+		sent, want int64
+	}{
+		{"empty-into-eager", 0, 2048},
+		{"eager-longer", 4096, 2048},
+		{"rndv-into-empty", 512 << 10, 0},
+		{"rndv-shorter", 256 << 10, 512 << 10},
+		{"same", 2048, 2048},
+	}
+	src, dst := alloc(t, a, 1<<20), alloc(t, b, 1<<20)
+	fill(src.Bytes(), 3)
+	for i, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			seq := uint64(0x100 + i)
+			sentTag := uint64(0xabc)<<24 | 2<<20 | seq
+			sb := prepare(t, a, []Op{{Peer: 1, Tag: sentTag &^ match, Send: true, Segs: contig(0, c.sent)}})
+			rb := prepare(t, b, []Op{{Peer: 0, Tag: 0x5<<24 | 3<<20, Match: match, Segs: contig(0, c.want)}})
+			errs := make([]error, 2)
+			var wg sync.WaitGroup
+			for k, bt := range []*Batch{rb, sb} {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					runtime.LockOSThread()
+					defer runtime.UnlockOSThread()
+					base := []uintptr{dst.Addr(), src.Addr()}[k]
+					if errs[k] = bt.Post([]uintptr{base}, seq); errs[k] == nil {
+						errs[k] = bt.Wait(time.Now().Add(5 * time.Second))
+					}
+				}()
+			}
+			wg.Wait()
+			if errs[0] != nil || errs[1] != nil {
+				t.Fatalf("receive: %v; send: %v", errs[0], errs[1])
+			}
+			tag, n := rb.Received(0)
+			if tag != sentTag || n != c.sent {
+				t.Fatalf("Received = %#x, %d; want %#x, %d", tag, n, sentTag, c.sent)
+			}
+			// What a longer message leaves in the buffer is unspecified.
+			if c.sent <= c.want && !bytes.Equal(dst.Bytes()[:c.sent], src.Bytes()[:c.sent]) {
+				t.Fatal("data differs")
+			}
+		})
+	}
+}
+
 func TestDeadline(t *testing.T) {
 	a, _ := openPair(t, testOptions())
 	buf := alloc(t, a, 4096)
@@ -406,7 +461,7 @@ func TestDeadline(t *testing.T) {
 	})
 	for iter := 0; iter < 2; iter++ {
 		const d = 200 * time.Millisecond
-		if err := rb.Post([]uintptr{buf.Addr()}); err != nil {
+		if err := rb.Post([]uintptr{buf.Addr()}, 0); err != nil {
 			t.Fatal(err)
 		}
 		start := time.Now()
@@ -441,7 +496,7 @@ func TestDeadlinePendingSend(t *testing.T) {
 	a, _ := openPair(t, testOptions())
 	buf := alloc(t, a, 4<<20)
 	sb := prepare(t, a, []Op{{Peer: 1, Tag: 3, Send: true, Segs: contig(0, 4<<20)}})
-	if err := sb.Post([]uintptr{buf.Addr()}); err != nil {
+	if err := sb.Post([]uintptr{buf.Addr()}, 0); err != nil {
 		t.Fatal(err)
 	}
 	start := time.Now()
@@ -454,7 +509,7 @@ func TestDeadlinePendingSend(t *testing.T) {
 	}
 	buf.Free() // UCX must not touch it any more
 
-	if err := sb.Post([]uintptr{buf.Addr()}); err != nil {
+	if err := sb.Post([]uintptr{buf.Addr()}, 0); err != nil {
 		t.Fatal(err)
 	}
 	err = sb.Wait(time.Now().Add(time.Second))
@@ -472,7 +527,7 @@ func TestClose(t *testing.T) {
 	ab := prepare(t, a, []Op{{Peer: 1, Tag: 1, Segs: contig(0, 2048)}})
 	posted := prepare(t, b, []Op{{Peer: 0, Tag: 1, Segs: contig(0, 2048)}})
 	bbuf := alloc(t, b, 4096)
-	if err := posted.Post([]uintptr{bbuf.Addr()}); err != nil {
+	if err := posted.Post([]uintptr{bbuf.Addr()}, 0); err != nil {
 		t.Fatal(err)
 	}
 
@@ -481,7 +536,7 @@ func TestClose(t *testing.T) {
 			t.Fatalf("Close #%d: %v", i+1, err)
 		}
 	}
-	if err := ab.Post([]uintptr{buf.Addr()}); !errors.Is(err, ErrClosed) {
+	if err := ab.Post([]uintptr{buf.Addr()}, 0); !errors.Is(err, ErrClosed) {
 		t.Fatalf("Post after Close: %v", err)
 	}
 	if err := ab.Wait(time.Now().Add(time.Second)); !errors.Is(err, ErrClosed) {
@@ -514,10 +569,10 @@ func TestBatchClose(t *testing.T) {
 	a, _ := openPair(t, testOptions())
 	buf := alloc(t, a, 4096)
 	ab := prepare(t, a, []Op{{Peer: 1, Tag: 1, Segs: contig(0, 2048)}})
-	if err := ab.Post([]uintptr{buf.Addr()}); err != nil {
+	if err := ab.Post([]uintptr{buf.Addr()}, 0); err != nil {
 		t.Fatal(err)
 	}
-	if err := ab.Post([]uintptr{buf.Addr()}); err == nil {
+	if err := ab.Post([]uintptr{buf.Addr()}, 0); err == nil {
 		t.Fatal("second Post without Wait succeeded")
 	}
 	for i := 0; i < 2; i++ {
@@ -525,7 +580,7 @@ func TestBatchClose(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if err := ab.Post([]uintptr{buf.Addr()}); !errors.Is(err, ErrClosed) {
+	if err := ab.Post([]uintptr{buf.Addr()}, 0); !errors.Is(err, ErrClosed) {
 		t.Fatalf("Post after batch Close: %v", err)
 	}
 }
@@ -541,7 +596,7 @@ func TestNotConnected(t *testing.T) {
 		t.Fatal(err)
 	}
 	buf := alloc(t, a, 8)
-	if err := ab.Post([]uintptr{buf.Addr()}); !errors.Is(err, errNotConnected) {
+	if err := ab.Post([]uintptr{buf.Addr()}, 0); !errors.Is(err, errNotConnected) {
 		t.Fatalf("Post before Connect: %v", err)
 	}
 	if err := a.Connect([][]byte{a.Address()}); err == nil {
@@ -624,12 +679,12 @@ func TestLongWaitSleeps(t *testing.T) {
 		src, dst := alloc(t, a, 64), alloc(t, b, 64)
 		send := prepare(t, a, []Op{{Peer: 1, Tag: 9, Send: true, Segs: contig(0, 64)}})
 		recv := prepare(t, b, []Op{{Peer: 0, Tag: 9, Segs: contig(0, 64)}})
-		if err := recv.Post([]uintptr{dst.Addr()}); err != nil {
+		if err := recv.Post([]uintptr{dst.Addr()}, 0); err != nil {
 			t.Fatal(err)
 		}
 		go func() {
 			time.Sleep(200 * time.Millisecond)
-			send.Post([]uintptr{src.Addr()})
+			send.Post([]uintptr{src.Addr()}, 0)
 			send.Wait(time.Now().Add(5 * time.Second))
 		}()
 		wall, cpu := time.Now(), cpuTime()
@@ -649,7 +704,7 @@ func TestAbortWakesWait(t *testing.T) {
 	_, b := openPair(t, Options{})
 	dst := alloc(t, b, 64)
 	recv := prepare(t, b, []Op{{Peer: 0, Tag: 9, Segs: contig(0, 64)}})
-	if err := recv.Post([]uintptr{dst.Addr()}); err != nil {
+	if err := recv.Post([]uintptr{dst.Addr()}, 0); err != nil {
 		t.Fatal(err)
 	}
 	go func() {
@@ -664,7 +719,7 @@ func TestAbortWakesWait(t *testing.T) {
 	if d := time.Since(start); d > 2*time.Second {
 		t.Fatalf("the aborted wait returned after %v", d)
 	}
-	if err := recv.Post([]uintptr{dst.Addr()}); !errors.Is(err, ErrAborted) {
+	if err := recv.Post([]uintptr{dst.Addr()}, 0); !errors.Is(err, ErrAborted) {
 		t.Fatalf("post after abort: %v", err)
 	}
 	if !b.Aborted() {

@@ -17,22 +17,23 @@ import (
 type MemHub struct {
 	mu      sync.Mutex
 	size    int
-	boxes   []map[memKey][][]byte // per receiver
-	changed chan struct{}         // closed and replaced on every delivery
+	boxes   [][][]memMsg  // per receiver, per sender, in the order sent
+	changed chan struct{} // closed and replaced on every delivery
 	dead    []bool
-	cuda    []bool // ranks whose transport says it moves CUDA memory
+	cuda    []bool                 // ranks whose transport says it moves CUDA memory
+	noAlloc map[int]func(int) bool // per rank: the sizes its Alloc refuses
 }
 
-type memKey struct {
-	src int
+type memMsg struct {
 	tag uint64
+	b   []byte
 }
 
 // NewMemHub makes a hub for size ranks.
 func NewMemHub(size int) *MemHub {
-	h := &MemHub{size: size, boxes: make([]map[memKey][][]byte, size), changed: make(chan struct{}), dead: make([]bool, size), cuda: make([]bool, size)}
+	h := &MemHub{size: size, boxes: make([][][]memMsg, size), changed: make(chan struct{}), dead: make([]bool, size), cuda: make([]bool, size)}
 	for i := range h.boxes {
-		h.boxes[i] = map[memKey][][]byte{}
+		h.boxes[i] = make([][]memMsg, size)
 	}
 	return h
 }
@@ -47,6 +48,15 @@ func (h *MemHub) MovesCUDA(ranks ...int) {
 	for _, r := range ranks {
 		h.cuda[r] = true
 	}
+}
+
+// FailAlloc makes rank's Alloc refuse the sizes refuse says, as a
+// registration or an allocation that cannot be made. Set it before use.
+func (h *MemHub) FailAlloc(rank int, refuse func(n int) bool) {
+	if h.noAlloc == nil {
+		h.noAlloc = map[int]func(int) bool{}
+	}
+	h.noAlloc[rank] = refuse
 }
 
 // Kill makes rank's peers see it as failed, as UCX reports a dead endpoint.
@@ -80,6 +90,9 @@ func (t *memTransport) Prepare(ops []transport.Op) (transport.Batch, error) {
 }
 
 func (t *memTransport) Alloc(n int) (transport.Buffer, error) {
+	if refuse := t.h.noAlloc[t.rank]; refuse != nil && refuse(n) {
+		return nil, fmt.Errorf("%w: rank %d: cannot allocate %d bytes (a test's refusal)", halo.ErrTransport, t.rank, n)
+	}
 	b := make([]byte, max(n, 1))
 	return &memBuffer{b: b[:n:n], keep: b}, nil
 }
@@ -94,8 +107,10 @@ type memBatch struct {
 	t      *memTransport
 	ops    []transport.Op
 	bases  []uintptr
+	tagOr  uint64
 	posted bool
-	done   []bool // per op, while a post is being received
+	done   []bool   // per op, while a post is being received
+	got    []memMsg // per op: what a receive took (its tag and full length)
 }
 
 // at turns an address the test owns into a pointer without a uintptr
@@ -104,10 +119,12 @@ func at(base uintptr, off int64) unsafe.Pointer {
 	return unsafe.Add(*(*unsafe.Pointer)(unsafe.Pointer(&base)), off)
 }
 
-func (b *memBatch) Post(bases []uintptr) error {
+func (b *memBatch) Post(bases []uintptr, tagOr uint64) error {
 	h := b.t.h
 	b.bases = append(b.bases[:0], bases...)
+	b.tagOr = tagOr
 	b.done = nil
+	b.got = make([]memMsg, len(b.ops))
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	for _, op := range b.ops {
@@ -118,8 +135,8 @@ func (b *memBatch) Post(bases []uintptr) error {
 		for _, s := range op.Segs {
 			msg = append(msg, unsafe.Slice((*byte)(at(bases[s.Base], s.Off)), s.Len)...)
 		}
-		k := memKey{b.t.rank, op.Tag}
-		h.boxes[op.Peer][k] = append(h.boxes[op.Peer][k], msg)
+		box := &h.boxes[op.Peer][b.t.rank]
+		*box = append(*box, memMsg{op.Tag | tagOr, msg})
 	}
 	close(h.changed)
 	h.changed = make(chan struct{})
@@ -166,9 +183,19 @@ func (b *memBatch) poll() (<-chan struct{}, []string, error) {
 			b.done[i] = true
 			continue
 		}
-		k := memKey{op.Peer, op.Tag}
-		q := h.boxes[b.t.rank][k]
-		if len(q) == 0 {
+		box := &h.boxes[b.t.rank][op.Peer]
+		want, match := op.Tag|b.tagOr, ^uint64(0)
+		if op.Match != 0 {
+			match = op.Match
+		}
+		idx := -1
+		for j, m := range *box {
+			if m.tag&match == want&match {
+				idx = j
+				break
+			}
+		}
+		if idx < 0 {
 			if h.dead[op.Peer] {
 				b.done = nil
 				return nil, nil, fmt.Errorf("%w: recv from rank %d (tag %#x)", halo.ErrPeerFailed, op.Peer, op.Tag)
@@ -176,22 +203,33 @@ func (b *memBatch) poll() (<-chan struct{}, []string, error) {
 			pending = append(pending, fmt.Sprintf("recv from rank %d (tag %#x)", op.Peer, op.Tag))
 			continue
 		}
-		msg := q[0]
-		h.boxes[b.t.rank][k] = q[1:]
+		msg := (*box)[idx].b
+		b.got[i] = (*box)[idx]
+		*box = append((*box)[:idx:idx], (*box)[idx+1:]...)
 		b.done[i] = true
-		if want := op.Bytes(); int64(len(msg)) != want {
+		if op.Match != 0 {
+			msg = msg[:min(int64(len(msg)), op.Bytes())] // loose: any length, cut to fit
+		} else if want := op.Bytes(); int64(len(msg)) != want {
 			b.done = nil
 			return nil, nil, fmt.Errorf("%w: recv from rank %d (tag %#x): message length %d, expected %d", halo.ErrTransport, op.Peer, op.Tag, len(msg), want)
 		}
 		for _, s := range op.Segs {
-			copy(unsafe.Slice((*byte)(at(b.bases[s.Base], s.Off)), s.Len), msg[:s.Len])
-			msg = msg[s.Len:]
+			n := min(int64(len(msg)), s.Len)
+			copy(unsafe.Slice((*byte)(at(b.bases[s.Base], s.Off)), n), msg[:n])
+			msg = msg[n:]
 		}
 	}
 	if len(pending) == 0 {
 		b.done = nil // the next Post starts afresh
 	}
 	return h.changed, pending, nil
+}
+
+func (b *memBatch) Received(i int) (uint64, int64) {
+	if i < 0 || i >= len(b.got) {
+		return 0, -1
+	}
+	return b.got[i].tag, int64(len(b.got[i].b))
 }
 
 func (b *memBatch) Close() error { return nil }

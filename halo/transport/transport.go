@@ -87,9 +87,17 @@ func Moves(t Transport, m Memory) bool {
 // sent; it must arrive with exactly the total length of its segments, and
 // anything else is an error naming the peer. One segment goes on the wire as
 // contiguous memory, several as an I/O vector.
+//
+// A receive with a Match is loose: it matches the peer's next message whose
+// tag agrees with Tag on the bits set in Match, whatever its other bits and
+// its length (a longer one is cut to the segments); Batch.Received then
+// says what came, and the caller judges it. That is how an exchange learns
+// that a peer is in another plan without waiting for a message that will
+// never come.
 type Op struct {
 	Peer   int
 	Tag    uint64
+	Match  uint64 // receives only: 0 matches every bit of Tag exactly
 	Send   bool
 	Segs   []Segment
 	Memory Memory // where every segment lives (one type per message)
@@ -106,8 +114,9 @@ func (op *Op) Bytes() int64 {
 
 // Batch is a prepared list of operations.
 type Batch interface {
-	// Post starts every operation, with the given base addresses.
-	Post(bases []uintptr) error
+	// Post starts every operation, with the given base addresses and
+	// tagOr OR'ed into every operation's tag (and a loose receive's).
+	Post(bases []uintptr, tagOr uint64) error
 	// Wait progresses until every posted operation has completed or the
 	// timeout has passed (a timeout, not a deadline: reading the clock
 	// costs as much as a small message's overheads, so an implementation
@@ -118,6 +127,9 @@ type Batch interface {
 	// Test progresses without blocking; once every posted operation has
 	// completed it reports done, with the error Wait would have returned.
 	Test() (done bool, err error)
+	// Received is what receive i (an index into Prepare's ops) got in the
+	// last post that completed without error: the sender's tag and length.
+	Received(i int) (tag uint64, n int64)
 	// Close releases the batch; a batch still posted is cancelled first.
 	Close() error
 }

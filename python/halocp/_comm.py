@@ -256,13 +256,14 @@ class Communicator:
         return [v[1:] for v in everyone]
 
     def plan(self, key: tuple, make_params) -> Plan:
-        """The cached plan for key, or a new one made collectively from
-        make_params() (called on a miss only).
+        """The cached plan for key, or a new one made from make_params()
+        (called on a miss only).
 
-        key must hold everything the plan depends on, on this rank: every rank
-        of the group looks its keys up in the same order and must miss
-        together (a rank that finds its plan while another makes one would
-        leave the other waiting until the timeout).
+        key holds everything the plan depends on, on this rank. The plan is
+        made locally (deferred) and agreed on in its exchanges: ranks may
+        find or miss their plans independently (a rank whose shard shape
+        repeats while another's is new), the exchange itself brings them to
+        one agreed layout.
         """
         with self.lock:
             p = self._plans.get(key)
@@ -283,7 +284,8 @@ class Communicator:
             return p
 
     def clear_plans(self) -> None:
-        """Forget every cached plan (local; do it on every rank at the same point)."""
+        """Forget every cached plan (local: frees their memory; never needed
+        for correctness)."""
         with self.lock:
             self._plans.clear()
             self.calls.clear()
@@ -373,15 +375,13 @@ def communicator(group=None, *, timeout: float | None = None) -> Communicator:
 
 
 def clear_plans(group=None) -> None:
-    """Forget the group's cached plans (local: call it on every rank at the
-    same point of the call sequence).
+    """Forget the group's cached plans and free their memory (local; any
+    rank, any time no exchange of the group is in flight).
 
-    Plans are keyed on each rank's own layout, and making one is collective,
-    so the ranks must find or miss their plans together. They do whenever
-    every rank's layouts come round in the same pattern, as in a training
-    loop. When the global layout changes but some rank's own shard does not
-    (T = 10 -> 11 over two ranks is (5, 5) -> (6, 5)), clear the plans on
-    every rank first.
+    Never needed for correctness: a plan is keyed on this rank's own layout,
+    and every exchange checks that all ranks run the same agreed layout (with
+    every rank's shard length), agreeing again within the exchange when they
+    do not. Sequence lengths may change from step to step.
     """
     comm = _comms.get(resolve_group(group))
     if comm is not None:

@@ -65,6 +65,7 @@ PLAN_PARAM_RIGHT_STRIDES = 1 << 7
 PLAN_PARAM_GRAD_LEFT_STRIDES = 1 << 8
 PLAN_PARAM_GRAD_RIGHT_STRIDES = 1 << 9
 PLAN_PARAM_MEMORY_TYPE = 1 << 10
+PLAN_PARAM_DEFERRED = 1 << 11
 
 # halo_direction_t
 DIR_FORWARD, DIR_BACKWARD = 0, 1
@@ -370,13 +371,18 @@ def plan_params(dtype: int, shape, dim, left, right, x_strides, padding_mode="ze
                 memory_type=None, **strides) -> PlanParams:
     """The one builder of halo_plan_params_t: dtype a halo_dtype_t, strides
     in elements; each optional stride field (out_strides, grad_x_strides,
-    left_strides, ...) is set, with its field_mask bit, when given."""
+    left_strides, ...) is set, with its field_mask bit, when given.
+
+    halocp's plans are deferred: made locally on a cache miss, agreed on by
+    the ranks in their first exchange (and again whenever the ranks come to
+    an exchange with different layouts), so a rank may miss its cache while
+    another hits."""
     if not 1 <= len(shape) <= MAX_DIMS:
         raise HaloError(ERR_INVALID_ARGUMENT, f"halocp: tensors of 1 to {MAX_DIMS} dims, not {len(shape)}")
     p = PlanParams()
     p.dtype, p.ndim, p.dim, p.left, p.right = dtype, len(shape), dim, left, right
     p.padding = padding_code(padding_mode)
-    p.field_mask = PLAN_PARAM_X_STRIDES | PLAN_PARAM_PADDING
+    p.field_mask = PLAN_PARAM_X_STRIDES | PLAN_PARAM_PADDING | PLAN_PARAM_DEFERRED
     # The arrays must outlive the call only: keep them on the struct object.
     p._keep = [int64_array(shape), int64_array(x_strides)]
     p.shape, p.x_strides = p._keep

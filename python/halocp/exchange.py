@@ -93,9 +93,8 @@ class _Copy:
     @staticmethod
     def of(x, left, right, dim, group, padding_mode) -> "_Copy":
         """x's prepared exchange on group's communicator. Cached per
-        communicator, beside (not instead of) its plan cache: every rank
-        fills and clears it at the same calls, so plans are still made
-        collectively in step."""
+        communicator, beside (not instead of) its plan cache; like it, local
+        to this rank (the exchange itself agrees with the other ranks)."""
         comm = communicator(group)
         key = (x.shape, x.stride(), x.dtype, dim, left, right, padding_mode)
         call = comm.calls.get(key)

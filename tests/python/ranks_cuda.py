@@ -29,10 +29,15 @@ def _memory_types() -> int:
 
 def _cuda_plan(memory_type, key):
     """A halos-only plan over CUDA memory (or memory_type), made through the
-    C ABI as halocp's direct path makes it."""
-    x, halo = torch.empty(2, 4), torch.empty(2, 1)
-    p = _cuda.buffer_params(x, halo, halo, halo, halo, x, 1, 1, 1, memory_type)
-    return halocp.communicator().plan(("test", key), lambda: p)
+    C ABI as halocp's direct path makes it, and its first forward (on host
+    memory: what the ranks agree on, or not, is decided before any byte
+    moves). halocp's plans are deferred: the agreement's errors come from
+    the first exchange."""
+    x, lh, rh = torch.empty(2, 4), torch.empty(2, 1), torch.empty(2, 1)
+    p = _cuda.buffer_params(x, lh, rh, lh, rh, x, 1, 1, 1, memory_type)
+    plan = halocp.communicator().plan(("test", key), lambda: p)
+    fn, name = _lib.plan_call(_lib.Call.HALOS_FORWARD)
+    _lib.check(fn(plan.handle, x.data_ptr(), lh.data_ptr(), rh.data_ptr()), name)
 
 
 def scenario_memory():
