@@ -46,9 +46,9 @@ func copyRow(d, s unsafe.Pointer, n, size int, ds, ss int64, large bool) {
 	if size <= shortRun {
 		switch a := uintptr(size) | uintptr(ds) | uintptr(ss) | uintptr(d) | uintptr(s); {
 		case a%8 == 0:
-			copyWords8(d, s, n, size/8, ds, ss)
+			copyFixed[uint64](d, s, n, size/8, ds, ss)
 		case a%4 == 0:
-			copyWords4(d, s, n, size/4, ds, ss)
+			copyFixed[uint32](d, s, n, size/4, ds, ss)
 		case a%2 == 0:
 			copyWords[uint16](d, s, n, size/2, ds, ss)
 		default:
@@ -66,52 +66,29 @@ func copyRow(d, s unsafe.Pointer, n, size int, ds, ss int64, large bool) {
 	}
 }
 
-// copyWords8 copies n runs of k aligned 8-byte words, each run as one
-// fixed-size move (the compiler emits vector loads and stores for it).
-func copyWords8(d, s unsafe.Pointer, n, k int, ds, ss int64) {
+// copyFixed copies n runs of k aligned words of type W, each run as one
+// fixed-size move where k <= 8 (the compiler emits vector loads and
+// stores for it).
+func copyFixed[W uint32 | uint64](d, s unsafe.Pointer, n, k int, ds, ss int64) {
 	switch k {
 	case 1:
-		copyRuns[uint64](d, s, n, ds, ss)
+		copyRuns[W](d, s, n, ds, ss)
 	case 2:
-		copyRuns[[2]uint64](d, s, n, ds, ss)
+		copyRuns[[2]W](d, s, n, ds, ss)
 	case 3:
-		copyRuns[[3]uint64](d, s, n, ds, ss)
+		copyRuns[[3]W](d, s, n, ds, ss)
 	case 4:
-		copyRuns[[4]uint64](d, s, n, ds, ss)
+		copyRuns[[4]W](d, s, n, ds, ss)
 	case 5:
-		copyRuns[[5]uint64](d, s, n, ds, ss)
+		copyRuns[[5]W](d, s, n, ds, ss)
 	case 6:
-		copyRuns[[6]uint64](d, s, n, ds, ss)
+		copyRuns[[6]W](d, s, n, ds, ss)
 	case 7:
-		copyRuns[[7]uint64](d, s, n, ds, ss)
+		copyRuns[[7]W](d, s, n, ds, ss)
 	case 8:
-		copyRuns[[8]uint64](d, s, n, ds, ss)
+		copyRuns[[8]W](d, s, n, ds, ss)
 	default:
-		copyWords[uint64](d, s, n, k, ds, ss)
-	}
-}
-
-// copyWords4 is copyWords8 for 4-byte words.
-func copyWords4(d, s unsafe.Pointer, n, k int, ds, ss int64) {
-	switch k {
-	case 1:
-		copyRuns[uint32](d, s, n, ds, ss)
-	case 2:
-		copyRuns[[2]uint32](d, s, n, ds, ss)
-	case 3:
-		copyRuns[[3]uint32](d, s, n, ds, ss)
-	case 4:
-		copyRuns[[4]uint32](d, s, n, ds, ss)
-	case 5:
-		copyRuns[[5]uint32](d, s, n, ds, ss)
-	case 6:
-		copyRuns[[6]uint32](d, s, n, ds, ss)
-	case 7:
-		copyRuns[[7]uint32](d, s, n, ds, ss)
-	case 8:
-		copyRuns[[8]uint32](d, s, n, ds, ss)
-	default:
-		copyWords[uint32](d, s, n, k, ds, ss)
+		copyWords[W](d, s, n, k, ds, ss)
 	}
 }
 
