@@ -96,18 +96,22 @@ func copyFixed[W uint32 | uint64](d, s unsafe.Pointer, n, k int, ds, ss int64) {
 // row's start, never stepped past its last run (a pointer outside its
 // allocation is invalid in Go).
 func copyRuns[T any](d, s unsafe.Pointer, n int, ds, ss int64) {
-	for i := range int64(n) {
-		*(*T)(unsafe.Add(d, i*ds)) = *(*T)(unsafe.Add(s, i*ss))
+	var do, so int64
+	for range n {
+		*(*T)(unsafe.Add(d, do)) = *(*T)(unsafe.Add(s, so))
+		do, so = do+ds, so+ss
 	}
 }
 
 // copyWords copies n runs of k aligned words of type T.
 func copyWords[T uint8 | uint16 | uint32 | uint64](d, s unsafe.Pointer, n, k int, ds, ss int64) {
-	for i := range int64(n) {
-		dw, sw := unsafe.Slice((*T)(unsafe.Add(d, i*ds)), k), unsafe.Slice((*T)(unsafe.Add(s, i*ss)), k)
+	var do, so int64
+	for range n {
+		dw, sw := unsafe.Slice((*T)(unsafe.Add(d, do)), k), unsafe.Slice((*T)(unsafe.Add(s, so)), k)
 		for j := range dw {
 			dw[j] = sw[j]
 		}
+		do, so = do+ds, so+ss
 	}
 }
 
@@ -138,11 +142,17 @@ func (cpu) zero(w *walk, elem int, dst unsafe.Pointer) {
 
 // zeroWords clears n runs of k aligned words of type T.
 func zeroWords[T uint8 | uint16 | uint32 | uint64](d unsafe.Pointer, n, k int, ds int64) {
-	for i := range int64(n) {
-		p := unsafe.Add(d, i*ds)
-		for j := range k {
-			*(*T)(unsafe.Add(p, j*int(unsafe.Sizeof(T(0))))) = 0
+	var do int64
+	if k == 1 {
+		for range n {
+			*(*T)(unsafe.Add(d, do)) = 0
+			do += ds
 		}
+		return
+	}
+	for range n {
+		clear(unsafe.Slice((*T)(unsafe.Add(d, do)), k))
+		do += ds
 	}
 }
 
@@ -179,24 +189,29 @@ func (cpu) addZero(w *walk, d DType, dst unsafe.Pointer) {
 // addStrided adds n single elements, ds bytes apart in dst and ss in src,
 // with the scalar arithmetic of addInto.
 func addStrided(d DType, dst, src unsafe.Pointer, n int, ds, ss int64) {
+	var do, so int64
 	switch d {
 	case Float32:
-		for i := range int64(n) {
-			*(*float32)(unsafe.Add(dst, i*ds)) += *(*float32)(unsafe.Add(src, i*ss))
+		for range n {
+			*(*float32)(unsafe.Add(dst, do)) += *(*float32)(unsafe.Add(src, so))
+			do, so = do+ds, so+ss
 		}
 	case Float64:
-		for i := range int64(n) {
-			*(*float64)(unsafe.Add(dst, i*ds)) += *(*float64)(unsafe.Add(src, i*ss))
+		for range n {
+			*(*float64)(unsafe.Add(dst, do)) += *(*float64)(unsafe.Add(src, so))
+			do, so = do+ds, so+ss
 		}
 	case Float16:
-		for i := range int64(n) {
-			a := (*uint16)(unsafe.Add(dst, i*ds))
-			*a = addF16(*a, *(*uint16)(unsafe.Add(src, i*ss)))
+		for range n {
+			a := (*uint16)(unsafe.Add(dst, do))
+			*a = addF16(*a, *(*uint16)(unsafe.Add(src, so)))
+			do, so = do+ds, so+ss
 		}
 	case BFloat16:
-		for i := range int64(n) {
-			a := (*uint16)(unsafe.Add(dst, i*ds))
-			*a = addBF16(*a, *(*uint16)(unsafe.Add(src, i*ss)))
+		for range n {
+			a := (*uint16)(unsafe.Add(dst, do))
+			*a = addBF16(*a, *(*uint16)(unsafe.Add(src, so)))
+			do, so = do+ds, so+ss
 		}
 	}
 }

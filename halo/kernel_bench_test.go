@@ -109,3 +109,38 @@ func bestRates(bytes int, fns []func()) []float64 {
 	}
 	return best
 }
+
+// Packing a channels-last halo for the wire (bench/RESULTS.md): the T halo
+// of a (1, 32, T, 32, 32) channels_last_3d tensor, one slice of C x H x W =
+// 32 x 1024 float32 (128 KiB) stored pixel-major, goes on the wire in
+// logical (channel-major) order, a transpose; unpack is the reverse. Rows
+// of single elements, each read (pack) or written (unpack) a cache line
+// apart. Reports the best MB/s of alternating rounds beside a memcpy's.
+func BenchmarkTransposePack(b *testing.B) {
+	const C, HW = 32, 1024
+	const bytes = 4 * C * HW
+	shape := []int64{C, HW}
+	wire, cl := ContiguousStrides(shape), []int64{1, C}
+	src, dst := make([]float32, C*HW), make([]float32, C*HW)
+	for _, dir := range []string{"pack", "unpack"} {
+		b.Run(dir, func(b *testing.B) {
+			ds, ss := wire, cl
+			if dir == "unpack" {
+				ds, ss = cl, wire
+			}
+			w := newWalk(shape, [][]int64{ds, ss}, []int64{0, 0})
+			d, s := unsafe.Pointer(&dst[0]), unsafe.Pointer(&src[0])
+			b.SetBytes(bytes)
+			for b.Loop() {
+				cpu{}.copy(&w, 4, d, s)
+			}
+			best := bestRates(bytes, []func(){
+				func() { cpu{}.copy(&w, 4, d, s) },
+				func() { copy(dst, src) },
+			})
+			b.ReportMetric(best[0], "best-MB/s")
+			b.ReportMetric(best[1], "memcpy-MB/s")
+			b.ReportMetric(best[0]/best[1], "x-memcpy")
+		})
+	}
+}
