@@ -177,7 +177,11 @@ func (cpu) addZero(w *walk, d DType, dst unsafe.Pointer) {
 	w.rows(func(off []int64, n int64, step []int64) {
 		a := unsafe.Add(dst, off[0]*e)
 		if w.run == 1 {
-			addStrided(d, a, unsafe.Pointer(&zeros[0]), int(n), step[0]*e, 0)
+			z := unsafe.Pointer(&zeros[0])
+			if d == Float64 {
+				z = unsafe.Pointer(&zero64) // aligned for a float64 load
+			}
+			addStrided(d, a, z, int(n), step[0]*e, 0)
 			return
 		}
 		for i := range n {
@@ -185,6 +189,9 @@ func (cpu) addZero(w *walk, d DType, dst unsafe.Pointer) {
 		}
 	})
 }
+
+// zero64 is the +0 that addZero's strided rows add in float64.
+var zero64 float64
 
 // addStrided adds n single elements, ds bytes apart in dst and ss in src,
 // with the scalar arithmetic of addInto.
