@@ -195,6 +195,33 @@ func haloGoCommGetRank(h C.uintptr_t, rank, size *C.int, eb *C.char, el C.size_t
 	})
 }
 
+//export haloGoSettingGet
+func haloGoSettingGet(name *C.char, value *C.char, n C.size_t, number *C.int64_t, eb *C.char, el C.size_t) C.int {
+	return exported(eb, el, func() error {
+		if name == nil {
+			return invalid("name is NULL")
+		}
+		if value == nil && n > 0 {
+			return invalid("value is NULL but len is %d", int(n))
+		}
+		text, num, err := comm.SettingValue(C.GoString(name))
+		if err != nil {
+			return err
+		}
+		if value != nil {
+			if len(text) >= int(n) {
+				return invalid("%s=%q: the value buffer of %d bytes is too short (needs %d)", C.GoString(name), text, int(n), len(text)+1)
+			}
+			buf := unsafe.Slice((*byte)(unsafe.Pointer(value)), int(n))
+			buf[copy(buf, text)] = 0
+		}
+		if number != nil {
+			*number = C.int64_t(num)
+		}
+		return nil
+	})
+}
+
 //export haloGoCommMemoryTypes
 func haloGoCommMemoryTypes(h C.uintptr_t, types *C.uint64_t, eb *C.char, el C.size_t) C.int {
 	return exported(eb, el, func() error {

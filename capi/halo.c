@@ -49,6 +49,10 @@ const char *halo_strerror(halo_result_t result) {
     return "unknown result code";
 }
 
+halo_result_t halo_setting_get(const char *name, char *value, size_t len, int64_t *number) {
+    return (halo_result_t)haloGoSettingGet((char *)name, value, len, number, error_buffer(), HALO_ERRLEN);
+}
+
 halo_result_t halo_comm_create(int rank, int world_size, const halo_comm_params_t *params, halo_comm_t *comm) {
     return (halo_result_t)haloGoCommCreate(rank, world_size, (halo_comm_params_t *)params, comm, error_buffer(), HALO_ERRLEN);
 }
@@ -67,10 +71,6 @@ halo_result_t halo_comm_get_rank(halo_comm_t comm, int *rank, int *world_size) {
 
 halo_result_t halo_comm_memory_types(halo_comm_t comm, uint64_t *types) {
     return (halo_result_t)haloGoCommMemoryTypes((uintptr_t)comm, types, error_buffer(), HALO_ERRLEN);
-}
-
-halo_result_t halo_setting_ms(const char *name, int64_t *ms) {
-    return (halo_result_t)haloGoSettingMS((char *)name, ms, error_buffer(), HALO_ERRLEN);
 }
 
 halo_result_t halo_comm_destroy(halo_comm_t comm) {

@@ -215,6 +215,8 @@ func (c *Comm) MemoryTypes() uint64 {
 // Close is immediate.
 func (c *Comm) Abort() {
 	c.t.Abort()
+	// Peers hear of it as soon as the wait that holds the transport ends.
+	go c.t.Goodbye()
 	c.mu.Lock()
 	g := c.g
 	c.mu.Unlock()
@@ -290,6 +292,12 @@ func (b wireBatch) Post(bases []uintptr, tagOr uint64) error {
 func (b wireBatch) Received(i int) (uint64, int64) { return b.b.Received(i) }
 func (b wireBatch) Wait(timeout time.Duration) error {
 	err := b.w.classify(b.b.WaitFor(timeout))
+	if err == nil {
+		if r, aborted := b.b.AbortedPeer(); aborted {
+			// What came from r belongs to an exchange r abandoned.
+			return halo.Classify(halo.ErrPeerFailed, &ucx.PeerError{Rank: r, Status: ucx.StatusPeerAborted})
+		}
+	}
 	if errors.Is(err, halo.ErrTimeout) {
 		// Say which deadline ran out and who set it: a value set too late
 		// (or not at all) is the usual surprise.

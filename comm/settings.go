@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -71,6 +72,53 @@ var Settings = []Setting{
 	SettingCUDADriver,
 }
 
+// SettingValue is the setting named env as the library reads it now (the
+// environment through Getenv, else the default): as text, and as a number
+// where it is one (milliseconds for a duration, 0 or 1 for a switch, the
+// integer for a count; else 0). For bindings, which must not parse settings
+// by rules of their own.
+func SettingValue(env string) (text string, number int64, err error) {
+	i := slices.IndexFunc(Settings, func(s Setting) bool { return s.Env == env })
+	if i < 0 {
+		return "", 0, fmt.Errorf("%w: %q is not a setting of halo %s (see the README's configuration table)", halo.ErrInvalid, env, halo.Version)
+	}
+	s := Settings[i]
+	text = Getenv(s.Env)
+	if text == "" {
+		text = s.Default
+	}
+	bad := func(err error) (string, int64, error) {
+		return "", 0, fmt.Errorf("%w: %s=%q: %v", halo.ErrInvalid, s.Env, text, err)
+	}
+	switch s.Kind {
+	case KindDuration:
+		d, err := ParseDuration(text)
+		if err != nil {
+			return bad(err)
+		}
+		number = d.Milliseconds()
+	case KindBool:
+		b, err := ParseBool(text)
+		if err != nil {
+			return bad(err)
+		}
+		if b {
+			number = 1
+		}
+	case KindInt:
+		n, err := ParseInt(text)
+		if err != nil {
+			return bad(err)
+		}
+		number = int64(n)
+	default:
+		if err := s.Check(text); err != nil {
+			return bad(err)
+		}
+	}
+	return text, number, nil
+}
+
 // Check says whether v is a value of the setting's kind.
 func (s Setting) Check(v string) error {
 	var err error
@@ -112,19 +160,6 @@ func lookup[T any](s Setting, parse func(string) (T, error)) (T, error) {
 }
 
 func parseString(s string) (string, error) { return s, nil }
-
-// DurationSetting reads the duration setting named by its variable (e.g.
-// HALO_BOOTSTRAP_TIMEOUT_MS) as the library does: the variable, else the
-// default; a value the library refuses is refused with the same message.
-// For bindings that run a bootstrap of their own and want its deadline.
-func DurationSetting(env string) (time.Duration, error) {
-	for _, s := range Settings {
-		if s.Env == env && s.Kind == KindDuration {
-			return lookup(s, ParseDuration)
-		}
-	}
-	return 0, fmt.Errorf("%w: %q is not a duration setting of halo", halo.ErrInvalid, env)
-}
 
 // MaxDuration is the longest duration a setting takes: 2^40 ms, the bound
 // the C API puts on its *_ms parameters, far from time.Duration's overflow.

@@ -272,25 +272,36 @@ func TestDocumentsAgreeWithSettings(t *testing.T) {
 	}
 }
 
-// DurationSetting is how a binding reads a deadline the library owns: the
-// library's parsing and default, its refusals, and only duration settings.
-func TestDurationSetting(t *testing.T) {
-	clearSettings(t)
-	if d, err := DurationSetting(SettingBootstrapTimeout.Env); err != nil || d != time.Minute {
-		t.Errorf("unset: %v, %v; want the default 1m", d, err)
-	}
-	t.Setenv(SettingBootstrapTimeout.Env, "1m30s")
-	if d, err := DurationSetting(SettingBootstrapTimeout.Env); err != nil || d != 90*time.Second {
-		t.Errorf("1m30s: %v, %v", d, err)
-	}
-	t.Setenv(SettingBootstrapTimeout.Env, "soon")
-	if _, err := DurationSetting(SettingBootstrapTimeout.Env); !errors.Is(err, halo.ErrInvalid) ||
-		!strings.Contains(err.Error(), `HALO_BOOTSTRAP_TIMEOUT_MS="soon"`) {
-		t.Errorf("soon: %v", err)
-	}
-	for _, name := range []string{SettingJobID.Env, "HALO_NO_SUCH_MS"} {
-		if _, err := DurationSetting(name); !errors.Is(err, halo.ErrInvalid) || !strings.Contains(err.Error(), name) {
-			t.Errorf("%s: %v", name, err)
+// SettingValue is what bindings read instead of parsing a setting
+// themselves: the environment (through Getenv, as a communicator reads
+// it), else the default; as text and number; a refused value named.
+func TestSettingValue(t *testing.T) {
+	env := map[string]string{}
+	old := Getenv
+	Getenv = func(k string) string { return env[k] }
+	t.Cleanup(func() { Getenv = old })
+	for _, c := range []struct {
+		name, value, text string
+		number            int64
+	}{
+		{"HALO_BOOTSTRAP_TIMEOUT_MS", "", "1m", 60000},
+		{"HALO_BOOTSTRAP_TIMEOUT_MS", "1500", "1500", 1500},
+		{"HALO_BOOTSTRAP_TIMEOUT_MS", "2s", "2s", 2000},
+		{"HALO_DETECT_PEER_FAILURE", "on", "on", 1},
+		{"HALO_SPIN_POLLS", "-1", "-1", -1},
+		{"HALO_TRANSFER", "iov", "iov", 0},
+	} {
+		env = map[string]string{c.name: c.value}
+		text, n, err := SettingValue(c.name)
+		if err != nil || text != c.text || n != c.number {
+			t.Errorf("%s=%q: got %q, %d, %v; want %q, %d", c.name, c.value, text, n, err, c.text, c.number)
 		}
+	}
+	env = map[string]string{"HALO_BOOTSTRAP_TIMEOUT_MS": "banana"}
+	if _, _, err := SettingValue("HALO_BOOTSTRAP_TIMEOUT_MS"); !errors.Is(err, halo.ErrInvalid) || !strings.Contains(err.Error(), `HALO_BOOTSTRAP_TIMEOUT_MS="banana"`) {
+		t.Errorf("a bad value: %v", err)
+	}
+	if _, _, err := SettingValue("HALO_NO_SUCH"); !errors.Is(err, halo.ErrInvalid) || !strings.Contains(err.Error(), "HALO_NO_SUCH") {
+		t.Errorf("an unknown name: %v", err)
 	}
 }

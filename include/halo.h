@@ -246,6 +246,18 @@ const char *halo_version_string(void);
 const char *halo_strerror(halo_result_t result);
 
 /**
+ * @brief A HALO_* setting (the README's configuration table) as the library
+ * reads it now: the process environment, else its default. For bindings,
+ * which then never parse a setting by rules of their own. value (len bytes;
+ * NULL with len 0 to skip) receives it as text, NUL-terminated; *number (NULL
+ * to skip) receives it as a number where it is one: milliseconds for a
+ * duration, 0 or 1 for a switch, the integer for a count, else 0. An unknown
+ * name, a value the library refuses, or a value longer than len - 1 bytes is
+ * HALO_ERR_INVALID_ARGUMENT, naming it. Local, any thread.
+ */
+halo_result_t halo_setting_get(const char *name, char *value, size_t len, int64_t *number);
+
+/**
  * @brief The detailed message of the last failed call on this thread (which
  * rank, which peer, which shape), or "" if none failed. Valid until the next
  * failing call on this thread; the caller does not free it.
@@ -296,14 +308,21 @@ halo_result_t halo_comm_connect(halo_comm_t comm, const void *const *addresses, 
 /** @brief This communicator's rank and world size. */
 halo_result_t halo_comm_get_rank(halo_comm_t comm, int *rank, int *world_size);
 
-/** @brief Destroy a communicator and every plan made on it. Local; never hangs. */
+/**
+ * @brief Destroy a communicator and every plan made on it. Local; never hangs.
+ * Peers are told: their later exchanges with this rank fail at once with
+ * HALO_ERR_PEER_FAILED naming it.
+ */
 halo_result_t halo_comm_destroy(halo_comm_t comm);
 
 /**
  * @brief Stop a communicator from any thread, for a watchdog that must end a
  * stuck exchange: every call in flight on it returns HALO_ERR_COMM_FAILED
  * within milliseconds, and so does every later call but halo_comm_destroy,
- * which is then immediate. Peers see this rank as failed. Idempotent.
+ * which is then immediate. Peers see this rank as failed: from the moment
+ * the call in flight has ended, every exchange of theirs with it fails with
+ * HALO_ERR_PEER_FAILED naming it, also one that matched what this rank sent
+ * before it aborted. Idempotent.
  */
 halo_result_t halo_comm_abort(halo_comm_t comm);
 
@@ -503,16 +522,6 @@ halo_result_t halo_plan_destroy(halo_plan_t plan);
  * support and finds a GPU. Local; valid before connect.
  */
 halo_result_t halo_comm_memory_types(halo_comm_t comm, uint64_t *types);
-
-/**
- * @brief A duration setting as the library reads it, in milliseconds:
- * name is its variable (HALO_TIMEOUT_MS, HALO_BOOTSTRAP_TIMEOUT_MS), *ms
- * gets the variable's value, else the default. A value the library would
- * refuse is HALO_ERR_INVALID_ARGUMENT with the same message, and so is a
- * name that is not a duration setting. For bindings that run a bootstrap
- * of their own (HALO_BOOTSTRAP_EXTERNAL) and need its deadline.
- */
-halo_result_t halo_setting_ms(const char *name, int64_t *ms);
 
 #ifdef __cplusplus
 }

@@ -78,8 +78,8 @@ func TestLatecomerToARunningJobIsRefused(t *testing.T) {
 	}
 	// The other latecomer, a moment later, hears the same.
 	late.Rank = 0
-	if _, err := Allgather(context.Background(), late, []byte("another run")); !errors.Is(err, CodeDuplicate) {
-		t.Errorf("second latecomer: got %v, want CodeDuplicate", err)
+	if _, err := Allgather(context.Background(), late, []byte("another run")); !errors.Is(err, CodeDuplicate) || !strings.Contains(err.Error(), "rank 0 ") {
+		t.Errorf("second latecomer: got %v, want CodeDuplicate naming rank 0", err)
 	}
 }
 

@@ -315,23 +315,28 @@ func (ss *session) hello(h *Hello) (Message, bool) {
 		return r, false
 	}
 	j.maxSize = max(j.maxSize, min(size, s.cfg.MaxKeysPerJob))
+	if j.complete() {
+		// Every rank has its result and some still hold their connection
+		// (or the job failed so a moment ago): this one belongs to another
+		// run under the same name, and so, it may be, do some of the ranks
+		// that met. Fail them too.
+		msg := fmt.Sprintf("rank %d of %s arrived from %s after the job's %d ranks had met, while they still run: "+
+			"two runs share this job id and attempt, so the ranks that met may belong to different runs", rank, j.key.describe(), ss.conn.RemoteAddr(), j.size)
+		log.Warn().Int("present", len(j.present)).Msg("refusing client: its job is complete and still running")
+		if j.failed == nil {
+			notice := j.fail(CodeDuplicate, msg)
+			for p := range j.present {
+				s.wg.Add(1)
+				go func() { // write takes the lock
+					defer s.wg.Done()
+					p.write(notice)
+				}()
+			}
+		}
+		return &ErrorReply{Code: CodeDuplicate, Message: msg}, false
+	}
 	switch {
 	case j.failed != nil:
-	case j.complete():
-		// Every rank has its result and some still hold their connection:
-		// this one belongs to another run under the same name, and so, it
-		// may be, do some of the ranks that met. Fail them too.
-		j.fail(CodeDuplicate, fmt.Sprintf("rank %d of %s arrived from %s after the job's %d ranks had met, while they still run: "+
-			"two runs share this job id and attempt, so the ranks that met may belong to different runs", rank, j.key.describe(), ss.conn.RemoteAddr(), j.size))
-		log.Warn().Int("present", len(j.present)).Msg("job failed: a rank arrived for a job that is complete and still running")
-		notice := j.failed
-		for p := range j.present {
-			s.wg.Add(1)
-			go func() { // write takes the lock
-				defer s.wg.Done()
-				p.write(notice)
-			}()
-		}
 	case size != j.size:
 		j.fail(CodeMismatch, fmt.Sprintf("rank %d says the job has %d ranks, but rank %d said %d", rank, size, j.sizeFrom, j.size))
 		log.Warn().Int("size", size).Int("expected_size", j.size).Msg("job failed: ranks disagree on its size")

@@ -54,11 +54,12 @@ func (t *Transport) Connect(addrs [][]byte) error {
 			continue
 		}
 		ca := C.CBytes(a)
-		st := C.hux_ep_create(t.c, C.int(i), ca, peerMode)
+		var why [256]C.char
+		st := C.hux_ep_create(t.c, C.int(i), ca, peerMode, &why[0], C.size_t(len(why)))
 		C.free(ca)
 		if st != C.UCS_OK {
 			t.closeEndpoints()
-			return fmt.Errorf("ucx: connect to rank %d: %w", i, statusError("ucp_ep_create", st))
+			return &ConnectError{Rank: i, Status: Status(st), Detail: C.GoString(&why[0])}
 		}
 	}
 	t.connected = true
@@ -66,9 +67,16 @@ func (t *Transport) Connect(addrs [][]byte) error {
 }
 
 // closeEndpoints force-closes every endpoint: it never waits for a peer, so
-// it cannot hang on a dead one. It returns the ranks whose endpoint UCX had
-// not finished closing within abortGrace.
+// it cannot hang on a dead one. A connected transport first says goodbye to
+// every peer (for at most abortGrace): a peer's later exchanges with this
+// rank then fail at once, naming it, and after an abort so do the ones in
+// flight, which could otherwise complete on what this rank sent before it
+// gave up. It returns the ranks whose endpoint UCX had not finished closing
+// within abortGrace.
 func (t *Transport) closeEndpoints() []int {
+	if t.connected {
+		C.hux_say_goodbye(t.c, C.int64_t(abortGrace))
+	}
 	var slow []int
 	for i := 0; i < t.size; i++ {
 		if C.hux_ep_force_close(t.c, C.int(i), C.int64_t(abortGrace)) != C.UCS_OK {

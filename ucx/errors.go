@@ -65,8 +65,20 @@ const (
 	StatusEndpointTimeout  Status = C.UCS_ERR_ENDPOINT_TIMEOUT
 )
 
+// Statuses of a peer that said goodbye (helpers.h): never UCX's own.
+const (
+	StatusPeerClosed  Status = C.HUX_ERR_PEER_CLOSED
+	StatusPeerAborted Status = C.HUX_ERR_PEER_ABORTED
+)
+
 // String is UCX's text for the status (ucs_status_string).
 func (s Status) String() string {
+	switch s {
+	case StatusPeerClosed:
+		return "the peer destroyed its communicator"
+	case StatusPeerAborted:
+		return "the peer aborted its communicator"
+	}
 	return C.GoString(C.ucs_status_string(C.ucs_status_t(s)))
 }
 
@@ -137,6 +149,12 @@ type PeerError struct {
 }
 
 func (e *PeerError) Error() string {
+	switch e.Status {
+	case StatusPeerClosed:
+		return fmt.Sprintf("ucx: rank %d destroyed its communicator", e.Rank)
+	case StatusPeerAborted:
+		return fmt.Sprintf("ucx: rank %d aborted its communicator (its exchanges in flight are void)", e.Rank)
+	}
 	if e.Status == StatusCanceled {
 		return fmt.Sprintf("ucx: endpoint to rank %d was closed after an earlier failure", e.Rank)
 	}
@@ -145,6 +163,47 @@ func (e *PeerError) Error() string {
 
 // Is matches ErrPeerFailed.
 func (e *PeerError) Is(target error) bool { return target == ErrPeerFailed }
+
+// ConnectError is an endpoint to Rank that UCX could not create. Detail is
+// the first error line UCX logged meanwhile (it is kept off stderr). When the
+// status says the peer is not there (its shared memory is gone, it cannot be
+// reached) it matches ErrPeerFailed: the rank has ended since it handed out
+// its address.
+type ConnectError struct {
+	Rank   int
+	Status Status
+	Detail string
+}
+
+// gone reports whether the failure means the peer is not there: a shared
+// memory segment that cannot be attached belongs to a process that ended
+// (UCX attaches only segments of processes it can reach), or UCX's own
+// peer-failure statuses.
+func (e *ConnectError) gone() bool {
+	return e.Status == StatusShmemSegment || e.Status.peerFailure()
+}
+
+func (e *ConnectError) Error() string {
+	var what string
+	switch {
+	case e.Status == StatusShmemSegment:
+		what = fmt.Sprintf("ucx: connect to rank %d: the rank is gone: its shared memory can no longer be attached (its process ended after giving its address): %s", e.Rank, e.Status)
+	case e.gone():
+		what = fmt.Sprintf("ucx: connect to rank %d: the rank cannot be reached: %s", e.Rank, e.Status)
+	default:
+		what = fmt.Sprintf("ucx: connect to rank %d: ucp_ep_create: %s", e.Rank, e.Status)
+	}
+	if e.Detail != "" {
+		what += " (" + e.Detail + ")"
+	}
+	return what
+}
+
+// Is matches ErrPeerFailed when the peer is gone.
+func (e *ConnectError) Is(target error) bool { return target == ErrPeerFailed && e.gone() }
+
+// Unwrap exposes the status, as a *StatusError, to errors.As.
+func (e *ConnectError) Unwrap() error { return &StatusError{Func: "ucp_ep_create", Status: e.Status} }
 
 // OpError is one operation of a batch that failed or was still pending.
 type OpError struct {

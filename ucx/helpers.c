@@ -5,10 +5,15 @@
 #define _GNU_SOURCE
 #include "helpers.h"
 
+#include <ucs/debug/log_def.h>
+
 #include <dlfcn.h>
 #include <poll.h>
+#include <pthread.h>
 #include <sched.h>
 #include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -129,7 +134,7 @@ ucs_status_t hux_init(ucp_config_t *config, int size, int wakeup,
                                UCP_PARAM_FIELD_MT_WORKERS_SHARED |
                                UCP_PARAM_FIELD_ESTIMATED_NUM_EPS |
                                UCP_PARAM_FIELD_NAME;
-    params.features          = UCP_FEATURE_TAG |
+    params.features          = UCP_FEATURE_TAG | UCP_FEATURE_AM | /* goodbyes */
                                (wakeup ? UCP_FEATURE_WAKEUP : 0);
     params.mt_workers_shared = 0;
     params.estimated_num_eps = (size > 1) ? size - 1 : 1;
@@ -152,6 +157,8 @@ ucs_status_t hux_context_memory_types(ucp_context_h context, uint64_t *types)
     return status;
 }
 
+static ucs_status_t hux_bye_listen(hux_transport_t *t);
+
 ucs_status_t hux_worker_create(hux_transport_t *t, int wakeup)
 {
     ucp_worker_params_t params;
@@ -162,6 +169,9 @@ ucs_status_t hux_worker_create(hux_transport_t *t, int wakeup)
     params.field_mask  = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
     params.thread_mode = UCS_THREAD_MODE_SERIALIZED;
     status = ucp_worker_create(t->context, &params, &t->worker);
+    if (status == UCS_OK) {
+        status = hux_bye_listen(t);
+    }
     if ((status != UCS_OK) || !wakeup) {
         return status;
     }
@@ -287,10 +297,164 @@ static void hux_ep_error(void *arg, ucp_ep_h ep, ucs_status_t status)
     }
 }
 
+/*
+ * While the calling thread creates an endpoint, UCX's error lines (a dead
+ * peer's shared memory that can no longer be attached, on stderr) are
+ * captured instead of printed: the caller turns the failure into an error
+ * that names the rank, and keeps the first line as its detail.
+ */
+static __thread char  *hux_quiet_buf;
+static __thread size_t hux_quiet_len;
+static pthread_once_t  hux_quiet_once = PTHREAD_ONCE_INIT;
+
+static ucs_log_func_rc_t
+hux_quiet_log(const char *file, unsigned line, const char *function,
+              ucs_log_level_t level,
+              const ucs_log_component_config_t *comp_conf,
+              const char *message, va_list ap)
+{
+    va_list aq;
+
+    (void)file; (void)line; (void)function; (void)comp_conf;
+    if ((hux_quiet_buf == NULL) || (level > UCS_LOG_LEVEL_ERROR)) {
+        return UCS_LOG_FUNC_RC_CONTINUE;
+    }
+    if (hux_quiet_buf[0] == '\0') {
+        va_copy(aq, ap);
+        vsnprintf(hux_quiet_buf, hux_quiet_len, message, aq);
+        va_end(aq);
+    }
+    return UCS_LOG_FUNC_RC_STOP;
+}
+
+static void hux_quiet_install(void)
+{
+    /* The last handler pushed runs first; it stays, idle on other threads. */
+    ucs_log_push_handler(hux_quiet_log);
+}
+
+/* Runs inside ucp_worker_progress when a peer's goodbye arrives. */
+static ucs_status_t hux_bye_received(void *arg, const void *header,
+                                     size_t header_length, void *data,
+                                     size_t length,
+                                     const ucp_am_recv_param_t *param)
+{
+    hux_transport_t *t = arg;
+    int32_t bye[2];
+    hux_peer_t *p;
+
+    (void)header; (void)header_length;
+    if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) ||
+        (length != sizeof(bye))) {
+        return UCS_OK; /* not ours: dropped */
+    }
+    memcpy(bye, data, sizeof(bye));
+    if ((bye[0] < 0) || (bye[0] >= t->size) || (bye[0] == t->rank)) {
+        return UCS_OK;
+    }
+    p = &t->peers[bye[0]];
+    if (p->err == UCS_OK) {
+        p->err = (bye[1] == HUX_BYE_ABORTED) ? HUX_ERR_PEER_ABORTED :
+                                               HUX_ERR_PEER_CLOSED;
+    }
+    return UCS_OK;
+}
+
+/*
+ * Goodbyes travel as UCX active messages of their own id, outside the tag
+ * space, which is all the caller's (halo matches on parts of tags). On one
+ * endpoint they follow the tag messages sent before them (same lane, in
+ * order, for shared memory and TCP).
+ */
+static ucs_status_t hux_bye_listen(hux_transport_t *t)
+{
+    ucp_am_handler_param_t param;
+
+    memset(&param, 0, sizeof(param));
+    param.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID |
+                       UCP_AM_HANDLER_PARAM_FIELD_CB |
+                       UCP_AM_HANDLER_PARAM_FIELD_ARG;
+    param.id         = HUX_AM_BYE;
+    param.cb         = hux_bye_received;
+    param.arg        = t;
+    return ucp_worker_set_am_recv_handler(t->worker, &param);
+}
+
+/*
+ * Tells every connected peer that this transport closes (HUX_BYE_ABORTED
+ * once it was aborted), after every message sent to that peer before.
+ * Progresses until the sends are out or timeout_ns passes; a peer that is
+ * gone already is not waited for. Each peer is told once.
+ */
+void hux_say_goodbye(hux_transport_t *t, int64_t timeout_ns)
+{
+    int32_t what = hux_transport_aborted(t) ? HUX_BYE_ABORTED : HUX_BYE_CLOSED;
+    ucp_request_param_t param;
+    ucs_status_ptr_t *reqs;
+    int i, pending = 0;
+    int64_t end;
+
+    reqs = calloc(t->size, sizeof(*reqs));
+    if (reqs == NULL) {
+        return;
+    }
+    memset(&param, 0, sizeof(param));
+    param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    param.flags        = UCP_AM_SEND_FLAG_EAGER;
+    for (i = 0; i < t->size; ++i) {
+        hux_peer_t *p = &t->peers[i];
+        if ((p->ep == NULL) || (p->err != UCS_OK) || p->bye_sent) {
+            continue;
+        }
+        p->bye_sent = 1;
+        p->bye[0]   = t->rank;
+        p->bye[1]   = what;
+        reqs[i] = ucp_am_send_nbx(p->ep, HUX_AM_BYE, NULL, 0, p->bye,
+                                  sizeof(p->bye), &param);
+        if (UCS_PTR_IS_PTR(reqs[i])) {
+            ++pending;
+        } else {
+            reqs[i] = NULL;
+        }
+    }
+    end = hux_end_ns(timeout_ns);
+    while (pending > 0) {
+        ucp_worker_progress(t->worker);
+        for (i = 0; i < t->size; ++i) {
+            if ((reqs[i] != NULL) &&
+                (ucp_request_check_status(reqs[i]) != UCS_INPROGRESS)) {
+                ucp_request_free(reqs[i]);
+                reqs[i] = NULL;
+                --pending;
+            }
+        }
+        if (hux_now_ns() >= end) {
+            break;
+        }
+    }
+    for (i = 0; i < t->size; ++i) {
+        if (reqs[i] != NULL) {
+            ucp_request_free(reqs[i]); /* the force close ends it */
+        }
+    }
+    free(reqs);
+}
+
+/* Reads what waits on the wire (a goodbye behind the messages a batch
+ * completed on), a bounded number of times. */
+void hux_worker_poll(hux_transport_t *t)
+{
+    int i;
+
+    for (i = 0; (i < 16) && (ucp_worker_progress(t->worker) != 0); ++i) {
+    }
+}
+
 ucs_status_t hux_ep_create(hux_transport_t *t, int peer, const void *addr,
-                           int peer_err_mode)
+                           int peer_err_mode, char *why, size_t why_len)
 {
     ucp_ep_params_t params;
+    ucs_status_t status;
 
     memset(&params, 0, sizeof(params));
     params.field_mask      = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS |
@@ -303,7 +467,13 @@ ucs_status_t hux_ep_create(hux_transport_t *t, int peer, const void *addr,
      * transport error, with it the peer is marked failed. */
     params.err_handler.cb  = hux_ep_error;
     params.err_handler.arg = &t->peers[peer];
-    return ucp_ep_create(t->worker, &params, &t->peers[peer].ep);
+    pthread_once(&hux_quiet_once, hux_quiet_install);
+    why[0]        = '\0';
+    hux_quiet_buf = why;
+    hux_quiet_len = why_len;
+    status        = ucp_ep_create(t->worker, &params, &t->peers[peer].ep);
+    hux_quiet_buf = NULL;
+    return status;
 }
 
 /*

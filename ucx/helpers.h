@@ -31,7 +31,21 @@ typedef struct hux_peer {
     ucp_ep_h     ep;     /* NULL before Connect and after a force close */
     ucs_status_t err;    /* UCS_OK while healthy; first failure otherwise */
     int          rank;
+    int          bye_sent; /* this side's goodbye has gone to the peer */
+    int32_t      bye[2];   /* and what it said (rank, HUX_BYE_*): UCX may
+                              read it until the worker is destroyed */
 } hux_peer_t;
+
+/* A peer's goodbye: an active message (id HUX_AM_BYE) sent by a transport
+ * that closes, to every peer it is connected to, after everything it sent
+ * before. Its receipt sets the peer's err to one of the statuses below (in
+ * UCX's endpoint-failure range, which UCX leaves unused there), so that
+ * later posts to it fail at once and receives from it are cancelled. */
+#define HUX_AM_BYE              0x6879
+#define HUX_BYE_CLOSED          1
+#define HUX_BYE_ABORTED         2
+#define HUX_ERR_PEER_CLOSED     ((ucs_status_t)-61)
+#define HUX_ERR_PEER_ABORTED    ((ucs_status_t)-62)
 
 typedef struct hux_transport {
     ucp_context_h context;
@@ -110,7 +124,9 @@ int hux_transport_aborted(hux_transport_t *t);
 
 /* Endpoints */
 ucs_status_t hux_ep_create(hux_transport_t *t, int peer, const void *addr,
-                           int peer_err_mode);
+                           int peer_err_mode, char *why, size_t why_len);
+void hux_say_goodbye(hux_transport_t *t, int64_t timeout_ns);
+void hux_worker_poll(hux_transport_t *t);
 ucs_status_t hux_ep_force_close(hux_transport_t *t, int peer, int64_t timeout_ns);
 
 /* Batches */

@@ -36,9 +36,14 @@ def halo_dtype(dtype: torch.dtype) -> int:
         ) from None
 
 
-# The deadline of a communicator's bootstrap, which halocp runs itself
-# through the process group's store: libhalo's setting, read by libhalo.
 _BOOTSTRAP_TIMEOUT_VAR = "HALO_BOOTSTRAP_TIMEOUT_MS"
+
+
+def bootstrap_timeout() -> float:
+    """Seconds a rank waits for the others while a communicator is made:
+    HALO_BOOTSTRAP_TIMEOUT_MS as libhalo reads it (halo_setting_get), so a
+    value the library refuses is refused here too, naming it."""
+    return _lib.setting(_BOOTSTRAP_TIMEOUT_VAR)[1] / 1000
 
 
 def _rank_list(ranks) -> str:
@@ -149,7 +154,7 @@ class Communicator:
         # so a failure on one rank is an error on all of them, not a hang.
         address, failure = None, None
         try:
-            deadline = _lib.setting_seconds(_BOOTSTRAP_TIMEOUT_VAR)
+            deadline = bootstrap_timeout()
         except HaloError as e:
             # Said on every rank through the gathers, which need some bound:
             # any will do, this rank fails once the others have heard.

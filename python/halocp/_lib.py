@@ -260,11 +260,11 @@ def _declare(lib: ctypes.CDLL) -> None:
         },
         "halo_plan_destroy": ([vp], c_int),
         "halo_comm_memory_types": ([vp, ctypes.POINTER(ctypes.c_uint64)], c_int),
-        "halo_setting_ms": ([ctypes.c_char_p, ctypes.POINTER(ctypes.c_int64)], c_int),
         "halo_exchange_start": ([vp, c_int, ctypes.POINTER(vp), sz, vp, ctypes.POINTER(vp)], c_int),
         "halo_request_test": ([vp, ctypes.POINTER(c_int)], c_int),
         "halo_request_wait": ([vp, vp], c_int),
         "halo_request_free": ([vp], c_int),
+        "halo_setting_get": ([ctypes.c_char_p, ctypes.c_char_p, sz, ctypes.POINTER(ctypes.c_int64)], c_int),
     }
     for name, (args, res) in sigs.items():
         fn = getattr(lib, name)
@@ -320,13 +320,13 @@ def error(rc: int, what: str) -> HaloError:
     return HaloError(rc, f"{what}: {reason}: {detail}" if detail else f"{what}: {reason}")
 
 
-def setting_seconds(name: str) -> float:
-    """A duration setting (e.g. HALO_BOOTSTRAP_TIMEOUT_MS) as libhalo reads
-    it, the default when unset; HaloError naming the variable and its value
-    when the library would refuse it."""
-    ms = ctypes.c_int64()
-    check(lib().halo_setting_ms(name.encode(), ctypes.byref(ms)), "halo_setting_ms")
-    return ms.value / 1000
+def setting(name: str) -> tuple[str, int]:
+    """A HALO_* setting as libhalo reads it now (the environment, else its
+    default): its text and its number (milliseconds for a duration). A value
+    the library refuses raises HaloError(ERR_INVALID_ARGUMENT) naming it."""
+    buf, number = ctypes.create_string_buffer(4096), ctypes.c_int64()
+    check(lib().halo_setting_get(name.encode(), buf, len(buf), ctypes.byref(number)), "halo_setting_get")
+    return buf.value.decode(), number.value
 
 
 # ------------------------------------------------------------ communicators
