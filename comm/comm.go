@@ -292,12 +292,6 @@ func (b wireBatch) Post(bases []uintptr, tagOr uint64) error {
 func (b wireBatch) Received(i int) (uint64, int64) { return b.b.Received(i) }
 func (b wireBatch) Wait(timeout time.Duration) error {
 	err := b.w.classify(b.b.WaitFor(timeout))
-	if err == nil {
-		if r, aborted := b.b.AbortedPeer(); aborted {
-			// What came from r belongs to an exchange r abandoned.
-			return halo.Classify(halo.ErrPeerFailed, &ucx.PeerError{Rank: r, Status: ucx.StatusPeerAborted})
-		}
-	}
 	if errors.Is(err, halo.ErrTimeout) {
 		// Say which deadline ran out and who set it: a value set too late
 		// (or not at all) is the usual surprise.
