@@ -3,6 +3,7 @@
 
     python3 bench/torch_tiles.py                  # 4 ranks, a 2 x 2 grid, (1, 32, 64, 64) tiles, halo 1
     python3 bench/torch_tiles.py --halo 2 --channels 64
+    python3 bench/torch_tiles.py --world 2        # the two steps alone, each between the same 2 ranks
 
 halocp.tile_halo_exchange pads a tile with one exchange per grid dim, each on
 the previous one's output (so the corners ride along). A fused N-D plan
@@ -16,6 +17,13 @@ processes, float32, forward only:
   one 1-D     one cp_halo_exchange over all ranks in a line, along H of a
               (1, C, 64, W) shard with a halo of k rows, k chosen so that the
               bytes a middle rank sends are closest to the recipe's
+
+With --world 2 the recipe runs on a 2 x 1 grid (its W step stays on one
+rank), and the steps run each on 2 ranks, the same two processes: H only
+on the 2 x 1 grid's column, W only on a 1 x 2 grid's row. Where the ranks
+outnumber the CPUs (4 on 2), polling ranks wait on each other's time
+slices and the 4-rank medians say more about scheduling than about the
+steps; the 2-rank run compares the steps themselves.
 
 Blocks of --iters calls alternate the variants for --rounds rounds after a
 warm-up; the time is the median call of the slowest rank (its p99 beside
@@ -65,11 +73,13 @@ def main() -> int:
     recipe_bytes = 4 * C * (2 * h * S + 2 * h * (S + 2 * h))
     k = max(1, round(recipe_bytes / (4 * C * 2 * S)))
     one_bytes = 4 * C * 2 * k * S
+    # The W step's group: the grid's row, or with 2 ranks a 1 x 2 grid's.
+    w_group = TileGridRow(world, grid)
     x_h = halocp.cp_halo_exchange(x, h, h, 2, grid.groups[0])
     variants = {
         "recipe": lambda: halocp.tile_halo_exchange(x, h, (2, 3), grid),
         "H only": lambda: halocp.cp_halo_exchange(x, h, h, 2, grid.groups[0]),
-        "W only": lambda: halocp.cp_halo_exchange(x_h, h, h, 3, grid.groups[1]),
+        "W only": lambda: halocp.cp_halo_exchange(x_h, h, h, 3, w_group),
         "one 1-D": lambda: halocp.cp_halo_exchange(x, k, k, 2),
     }
     times = {name: [] for name in variants}
@@ -90,8 +100,9 @@ def main() -> int:
         dist.all_reduce(mine, op=dist.ReduceOp.MAX)
         stats[name] = mine.tolist()
     if dist.get_rank() == 0:
-        nbytes = {"recipe": recipe_bytes, "H only": 4 * C * 2 * h * S, "W only": 4 * C * 2 * h * (S + 2 * h),
-                  "one 1-D": one_bytes}
+        # On 2 ranks the recipe's W step stays on one rank: it sends the H halos only.
+        nbytes = {"recipe": recipe_bytes if world > 2 else 4 * C * 2 * h * S, "H only": 4 * C * 2 * h * S,
+                  "W only": 4 * C * 2 * h * (S + 2 * h), "one 1-D": one_bytes}
         layout = "channels_last" if args.channels_last else "contiguous"
         print(f"# {world} ranks, grid 2 x {world // 2}, tile (1, {C}, {S}, {S}) float32 {layout}, halo {h}; one 1-D: k = {k}; "
               f"{args.rounds} rounds x {args.iters} calls, median and p99 of the slowest rank")
@@ -99,10 +110,23 @@ def main() -> int:
         base = stats["one 1-D"][0]
         for name, (med, p99) in stats.items():
             print(f"  {name:<10} {nbytes[name]:>11} {med * 1e6:>10.1f} {p99 * 1e6:>9.1f} {med / base:>10.2f}x")
-        print(f"# H only + W only: {(stats['H only'][0] + stats['W only'][0]) * 1e6:.1f} us")
+        print(f"# H only + W only: {(stats['H only'][0] + stats['W only'][0]) * 1e6:.1f} us; "
+              f"W only / H only {stats['W only'][0] / stats['H only'][0]:.2f}x"
+              f"{' (each step between the same 2 ranks)' if world == 2 else ''}")
     dist.barrier()
     dist.destroy_process_group()
     return 0
+
+
+def TileGridRow(world, grid):
+    """The group of the W step: the grid's row, or on 2 ranks (a 2 x 1 grid,
+    whose rows have one rank) the row of a 1 x 2 grid, so that the W step
+    is an exchange between the same two ranks as the H step."""
+    import halocp
+
+    if world != 2:
+        return grid.groups[1]
+    return halocp.TileGrid((1, 2)).groups[1]
 
 
 if __name__ == "__main__":

@@ -46,9 +46,9 @@ func copyRow(d, s unsafe.Pointer, n, size int, ds, ss int64, large bool) {
 	if size <= shortRun {
 		switch a := uintptr(size) | uintptr(ds) | uintptr(ss) | uintptr(d) | uintptr(s); {
 		case a%8 == 0:
-			copyWords[uint64](d, s, n, size/8, ds, ss)
+			copyFixed[uint64](d, s, n, size/8, ds, ss)
 		case a%4 == 0:
-			copyWords[uint32](d, s, n, size/4, ds, ss)
+			copyFixed[uint32](d, s, n, size/4, ds, ss)
 		case a%2 == 0:
 			copyWords[uint16](d, s, n, size/2, ds, ss)
 		default:
@@ -56,27 +56,62 @@ func copyRow(d, s unsafe.Pointer, n, size int, ds, ss int64, large bool) {
 		}
 		return
 	}
-	cp := func(d, s []byte) { copy(d, s) }
-	if large {
-		cp = copyLarge
-	}
 	for i := range int64(n) {
-		cp(unsafe.Slice((*byte)(unsafe.Add(d, i*ds)), size), unsafe.Slice((*byte)(unsafe.Add(s, i*ss)), size))
+		dr, sr := unsafe.Slice((*byte)(unsafe.Add(d, i*ds)), size), unsafe.Slice((*byte)(unsafe.Add(s, i*ss)), size)
+		if large {
+			copyLarge(dr, sr)
+		} else {
+			copy(dr, sr)
+		}
 	}
 }
 
-// copyWords copies n runs of k aligned words of type T. Addresses are
-// computed from the row's start, never stepped past its last run (a pointer
-// outside its allocation is invalid in Go).
-func copyWords[T uint8 | uint16 | uint32 | uint64](d, s unsafe.Pointer, n, k int, ds, ss int64) {
-	if k == 1 {
-		for i := range int64(n) {
-			*(*T)(unsafe.Add(d, i*ds)) = *(*T)(unsafe.Add(s, i*ss))
-		}
-		return
+// copyFixed copies n runs of k aligned words of type W, each run as one
+// fixed-size move where k <= 8 (the compiler emits vector loads and
+// stores for it).
+func copyFixed[W uint32 | uint64](d, s unsafe.Pointer, n, k int, ds, ss int64) {
+	switch k {
+	case 1:
+		copyRuns[W](d, s, n, ds, ss)
+	case 2:
+		copyRuns[[2]W](d, s, n, ds, ss)
+	case 3:
+		copyRuns[[3]W](d, s, n, ds, ss)
+	case 4:
+		copyRuns[[4]W](d, s, n, ds, ss)
+	case 5:
+		copyRuns[[5]W](d, s, n, ds, ss)
+	case 6:
+		copyRuns[[6]W](d, s, n, ds, ss)
+	case 7:
+		copyRuns[[7]W](d, s, n, ds, ss)
+	case 8:
+		copyRuns[[8]W](d, s, n, ds, ss)
+	default:
+		copyWords[W](d, s, n, k, ds, ss)
 	}
-	for i := range int64(n) {
-		copy(unsafe.Slice((*T)(unsafe.Add(d, i*ds)), k), unsafe.Slice((*T)(unsafe.Add(s, i*ss)), k))
+}
+
+// copyRuns copies n runs of one T each. Addresses are computed from the
+// row's start, never stepped past its last run (a pointer outside its
+// allocation is invalid in Go).
+func copyRuns[T any](d, s unsafe.Pointer, n int, ds, ss int64) {
+	var do, so int64
+	for range n {
+		*(*T)(unsafe.Add(d, do)) = *(*T)(unsafe.Add(s, so))
+		do, so = do+ds, so+ss
+	}
+}
+
+// copyWords copies n runs of k aligned words of type T.
+func copyWords[T uint8 | uint16 | uint32 | uint64](d, s unsafe.Pointer, n, k int, ds, ss int64) {
+	var do, so int64
+	for range n {
+		dw, sw := unsafe.Slice((*T)(unsafe.Add(d, do)), k), unsafe.Slice((*T)(unsafe.Add(s, so)), k)
+		for j := range dw {
+			dw[j] = sw[j]
+		}
+		do, so = do+ds, so+ss
 	}
 }
 
@@ -86,16 +121,39 @@ func (cpu) zero(w *walk, elem int, dst unsafe.Pointer) {
 	e := int64(elem)
 	w.rows(func(off []int64, n int64, step []int64) {
 		d, ds := unsafe.Add(dst, off[0]*e), step[0]*e
-		if size <= shortRun && (uintptr(size)|uintptr(ds)|uintptr(d))%4 == 0 {
+		if size > shortRun {
 			for i := range n {
-				clear(unsafe.Slice((*uint32)(unsafe.Add(d, i*ds)), size/4))
+				clear(unsafe.Slice((*byte)(unsafe.Add(d, i*ds)), size))
 			}
 			return
 		}
-		for i := range n {
-			clear(unsafe.Slice((*byte)(unsafe.Add(d, i*ds)), size))
+		switch a := uintptr(size) | uintptr(ds) | uintptr(d); {
+		case a%8 == 0:
+			zeroWords[uint64](d, int(n), size/8, ds)
+		case a%4 == 0:
+			zeroWords[uint32](d, int(n), size/4, ds)
+		case a%2 == 0:
+			zeroWords[uint16](d, int(n), size/2, ds)
+		default:
+			zeroWords[uint8](d, int(n), size, ds)
 		}
 	})
+}
+
+// zeroWords clears n runs of k aligned words of type T.
+func zeroWords[T uint8 | uint16 | uint32 | uint64](d unsafe.Pointer, n, k int, ds int64) {
+	var do int64
+	if k == 1 {
+		for range n {
+			*(*T)(unsafe.Add(d, do)) = 0
+			do += ds
+		}
+		return
+	}
+	for range n {
+		clear(unsafe.Slice((*T)(unsafe.Add(d, do)), k))
+		do += ds
+	}
 }
 
 // add adds operand 1 into operand 0, elementwise in dtype d.
@@ -119,7 +177,11 @@ func (cpu) addZero(w *walk, d DType, dst unsafe.Pointer) {
 	w.rows(func(off []int64, n int64, step []int64) {
 		a := unsafe.Add(dst, off[0]*e)
 		if w.run == 1 {
-			addStrided(d, a, unsafe.Pointer(&zeros[0]), int(n), step[0]*e, 0)
+			z := unsafe.Pointer(&zeros[0])
+			if d == Float64 {
+				z = unsafe.Pointer(&zero64) // aligned for a float64 load
+			}
+			addStrided(d, a, z, int(n), step[0]*e, 0)
 			return
 		}
 		for i := range n {
@@ -128,27 +190,35 @@ func (cpu) addZero(w *walk, d DType, dst unsafe.Pointer) {
 	})
 }
 
+// zero64 is the +0 that addZero's strided rows add in float64.
+var zero64 float64
+
 // addStrided adds n single elements, ds bytes apart in dst and ss in src,
 // with the scalar arithmetic of addInto.
 func addStrided(d DType, dst, src unsafe.Pointer, n int, ds, ss int64) {
+	var do, so int64
 	switch d {
 	case Float32:
-		for i := range int64(n) {
-			*(*float32)(unsafe.Add(dst, i*ds)) += *(*float32)(unsafe.Add(src, i*ss))
+		for range n {
+			*(*float32)(unsafe.Add(dst, do)) += *(*float32)(unsafe.Add(src, so))
+			do, so = do+ds, so+ss
 		}
 	case Float64:
-		for i := range int64(n) {
-			*(*float64)(unsafe.Add(dst, i*ds)) += *(*float64)(unsafe.Add(src, i*ss))
+		for range n {
+			*(*float64)(unsafe.Add(dst, do)) += *(*float64)(unsafe.Add(src, so))
+			do, so = do+ds, so+ss
 		}
 	case Float16:
-		for i := range int64(n) {
-			a := (*uint16)(unsafe.Add(dst, i*ds))
-			*a = addF16(*a, *(*uint16)(unsafe.Add(src, i*ss)))
+		for range n {
+			a := (*uint16)(unsafe.Add(dst, do))
+			*a = addF16(*a, *(*uint16)(unsafe.Add(src, so)))
+			do, so = do+ds, so+ss
 		}
 	case BFloat16:
-		for i := range int64(n) {
-			a := (*uint16)(unsafe.Add(dst, i*ds))
-			*a = addBF16(*a, *(*uint16)(unsafe.Add(src, i*ss)))
+		for range n {
+			a := (*uint16)(unsafe.Add(dst, do))
+			*a = addBF16(*a, *(*uint16)(unsafe.Add(src, so)))
+			do, so = do+ds, so+ss
 		}
 	}
 }

@@ -27,6 +27,7 @@ type caseSpec struct {
 	halos   bool // a halos-only plan: left and right tensors, grad_x added to
 	async   bool // Start, then Test until done or Wait
 	padding Padding
+	order   []int // every tensor dense in this dim order, outermost first (channels-last and the like), if set
 }
 
 func (c caseSpec) String() string {
@@ -96,6 +97,10 @@ func checkCase(t *testing.T, rng *rand.Rand, c caseSpec, opts GroupOptions) {
 			s.XStrides = RandomStrides(rng, sh)
 			s.GradXStrides = RandomStrides(rng, sh)
 		}
+		if c.order != nil {
+			s.OutStrides, s.GradOutStrides = StridesInOrder(osh, c.order), StridesInOrder(osh, c.order)
+			s.XStrides, s.GradXStrides = StridesInOrder(sh, c.order), StridesInOrder(sh, c.order)
+		}
 		if c.halos {
 			s.OutStrides, s.GradOutStrides = nil, nil
 			if c.strided {
@@ -103,6 +108,12 @@ func checkCase(t *testing.T, rng *rand.Rand, c caseSpec, opts GroupOptions) {
 				lsh[c.dim], rsh[c.dim] = c.L, c.R
 				s.LeftStrides, s.GradLeftStrides = RandomStrides(rng, lsh), RandomStrides(rng, lsh)
 				s.RightStrides, s.GradRightStrides = RandomStrides(rng, rsh), RandomStrides(rng, rsh)
+			}
+			if c.order != nil {
+				lsh, rsh := append([]int64(nil), sh...), append([]int64(nil), sh...)
+				lsh[c.dim], rsh[c.dim] = c.L, c.R
+				s.LeftStrides, s.GradLeftStrides = StridesInOrder(lsh, c.order), StridesInOrder(lsh, c.order)
+				s.RightStrides, s.GradRightStrides = StridesInOrder(rsh, c.order), StridesInOrder(rsh, c.order)
 			}
 		} else if c.inPlace {
 			if s.OutStrides == nil {
