@@ -136,10 +136,10 @@ static int rank_abort(int port, int in_flight, int kept) {
         usleep(200000); /* rank 1 done with the forward above */
         if (in_flight) HALO_OK(halo_plan_forward_start(plan, x, out));
         HALO_OK(halo_comm_abort(c));
-        if (kept) usleep(4000000); /* the communicator kept, aborted */
+        if (kept) usleep(1500000); /* the communicator kept, aborted */
         halo_plan_destroy(plan);
         HALO_OK(halo_comm_destroy(c));
-        if (!kept) usleep(4000000);
+        if (!kept) usleep(1500000);
         return 0;
     }
     usleep(500000);
