@@ -292,9 +292,6 @@ func (b wireBatch) Post(bases []uintptr, tagOr uint64) error {
 func (b wireBatch) Received(i int) (uint64, int64) { return b.b.Received(i) }
 func (b wireBatch) Wait(timeout time.Duration) error {
 	err := b.w.classify(b.b.WaitFor(timeout))
-	if err == nil {
-		return b.settled()
-	}
 	if errors.Is(err, halo.ErrTimeout) {
 		// Say which deadline ran out and who set it: a value set too late
 		// (or not at all) is the usual surprise.
@@ -304,20 +301,7 @@ func (b wireBatch) Wait(timeout time.Duration) error {
 }
 func (b wireBatch) Test() (bool, error) {
 	done, err := b.b.Test()
-	if done && err == nil {
-		return true, b.settled()
-	}
 	return done, b.w.classify(err)
-}
-
-// settled is the outcome of a batch that completed: a failure after all if
-// a peer of it has aborted, since what came from that peer belongs to an
-// exchange it abandoned (ucx.Batch.AbortedPeer).
-func (b wireBatch) settled() error {
-	if r, aborted := b.b.AbortedPeer(); aborted {
-		return halo.Classify(halo.ErrPeerFailed, &ucx.PeerError{Rank: r, Status: ucx.StatusPeerAborted})
-	}
-	return nil
 }
 func (b wireBatch) Close() error { return b.w.classify(b.b.Close()) }
 

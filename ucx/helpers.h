@@ -100,6 +100,9 @@ typedef struct hux_batch {
     int              zombie;  /* UCX kept requests that may read iov */
     uintptr_t       *bases;   /* nbases entries, written by Go before a post */
     ucp_tag_t        tag_or;  /* OR'ed into every tag of a post, written by Go */
+    int32_t          aborted_peer; /* after a wait or test that completed every
+                                      operation: a peer of the batch whose
+                                      goodbye said it aborted, or -1 */
     int              nbases;
     int64_t         *seg_off; /* pool for the ops' seg_off arrays */
     int32_t         *seg_base; /* pool for the ops' seg_base arrays */
@@ -126,7 +129,6 @@ int hux_transport_aborted(hux_transport_t *t);
 ucs_status_t hux_ep_create(hux_transport_t *t, int peer, const void *addr,
                            int peer_err_mode, char *why, size_t why_len);
 void hux_say_goodbye(hux_transport_t *t, int64_t timeout_ns);
-void hux_worker_poll(hux_transport_t *t);
 ucs_status_t hux_ep_force_close(hux_transport_t *t, int peer, int64_t timeout_ns);
 
 /* Batches */

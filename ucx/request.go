@@ -261,7 +261,10 @@ func (b *Batch) Test() (done bool, err error) {
 	return true, b.result()
 }
 
-// result ends a post whose operations have all finished.
+// result ends a post whose operations have all finished. A batch whose
+// operations all succeeded still fails if a peer of it has said it aborted
+// (hux_batch_goodbyes): what came from that peer belongs to an exchange it
+// abandoned.
 func (b *Batch) result() error {
 	b.posted = false
 	for i := range b.ops {
@@ -269,6 +272,9 @@ func (b *Batch) result() error {
 		if op.status != C.UCS_OK || (op.is_send == 0 && !b.info[i].loose && op.received != op.bytes) {
 			return b.failure()
 		}
+	}
+	if r := int(b.c.aborted_peer); r >= 0 {
+		return &PeerError{Rank: r, Status: StatusPeerAborted}
 	}
 	return nil
 }
