@@ -40,7 +40,8 @@ const (
 	// serves one job, attempt and launch); clients retry until their
 	// deadline, since that job's rank 0 closes its server when done.
 	CodeOtherJob Code = 11
-	// CodeDuplicate: two processes claimed one rank of a job (two runs
+	// CodeDuplicate: two processes claimed one rank of a job, or a rank
+	// arrived for a job whose ranks had all met and still run (two runs
 	// with the same job id and attempt).
 	CodeDuplicate Code = 12
 )

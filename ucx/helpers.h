@@ -41,7 +41,7 @@ typedef struct hux_peer {
  * before. Its receipt sets the peer's err to one of the statuses below (in
  * UCX's endpoint-failure range, which UCX leaves unused there), so that
  * later posts to it fail at once and receives from it are cancelled. */
-#define HUX_AM_BYE              0x6879
+#define HUX_AM_BYE              1 /* small: UCX keeps a table up to the largest id */
 #define HUX_BYE_CLOSED          1
 #define HUX_BYE_ABORTED         2
 #define HUX_ERR_PEER_CLOSED     ((ucs_status_t)-61)
