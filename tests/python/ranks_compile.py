@@ -63,6 +63,31 @@ def _check(group):
     expect_bits(again[2], got[2], "the second compiled call's grad_x")
 
 
+def scenario_layers():
+    """CenteredConv3d (both halos) and GroupNorm across ranks compile into one
+    graph too, with the eager results. (The general conv path, strided or
+    with a padding mode other than zeros, and ConvTranspose3d, read every
+    rank's shard length as data and do not compile yet.)"""
+    torch.manual_seed(7)
+    model = torch.nn.Sequential(halocp.nn.CenteredConv3d(3, 4, 3, padding=1), halocp.nn.GroupNorm(2, 4))
+    x = torch.randn(1, 3, 3 + ranks.RANK, 4, 4)
+
+    def run(m):
+        xx = x.detach().requires_grad_()
+        y = m(xx)
+        (y * y).sum().backward()
+        return y.detach(), xx.grad
+
+    want = run(model)
+    model.zero_grad()
+    torch._dynamo.reset()
+    counter = CompileCounterWithBackend("aot_eager")
+    got = run(torch.compile(model, backend=counter, fullgraph=True))
+    expect(counter.frame_count == 1, f"torch.compile made {counter.frame_count} graphs, not 1")
+    for g, w, what in zip(got, want, ("output", "grad_x")):
+        expect(torch.allclose(g, w, rtol=1e-5, atol=1e-5), f"compiled {what} differs from eager")
+
+
 def scenario_exchanges_bits():
     """Without the layer, compiled gradients are the eager ones bit for bit."""
     torch.manual_seed(5)

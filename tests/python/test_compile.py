@@ -14,7 +14,7 @@ import pytest
 from launcher import expect_scenario, launch
 
 HERE = Path(__file__).resolve().parent
-SCENARIOS = ["default_group", "new_group", "exchanges_bits"]
+SCENARIOS = ["default_group", "new_group", "exchanges_bits", "layers"]
 
 
 @pytest.fixture(scope="module")
