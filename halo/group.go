@@ -46,8 +46,8 @@ type Group struct {
 	t        transport.Transport
 	exec     executor
 	opts     GroupOptions
-	nextPlan uint32     // handle numbers, local to this rank (messages only)
-	seq      uint64     // the last collective call's number (see tag)
+	nextPlan uint32                // handle numbers, local to this rank (messages only)
+	seq      uint64                // the last collective call's number (see tag)
 	failed   atomic.Pointer[error] // the first failure; an Abort on another thread may set it
 }
 
