@@ -140,6 +140,17 @@ static int rank_args(int argc, char **argv, int *port) {
     return g_rank >= 0;
 }
 
+/* The layout most multi-rank tests exchange: float32, 1-D, shape[0]
+ * slices, left and right halo slices. */
+static inline halo_plan_params_t plan_1d(int64_t *shape, int64_t left, int64_t right) {
+    halo_plan_params_t p = HALO_PLAN_PARAMS_INITIALIZER;
+    p.ndim = 1;
+    p.shape = shape;
+    p.left = left;
+    p.right = right;
+    return p;
+}
+
 static int has_flag(int argc, char **argv, const char *flag) {
     for (int i = 1; i < argc; i++)
         if (!strcmp(argv[i], flag)) return 1;

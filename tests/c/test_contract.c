@@ -11,12 +11,7 @@
 static int rank_main(int port) {
     halo_comm_t c = make_comm(port, 1000);
     int64_t shape[1] = {1 << 16};
-    halo_plan_params_t p;
-    memset(&p, 0, sizeof p);
-    p.dtype = HALO_FLOAT32;
-    p.ndim = 1;
-    p.shape = shape;
-    p.left = p.right = 4;
+    halo_plan_params_t p = plan_1d(shape, 4, 4);
     halo_plan_t plan;
     HALO_OK(halo_plan_create(c, &p, &plan));
     if (g_rank == 1) {

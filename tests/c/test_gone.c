@@ -106,16 +106,6 @@ static int test_connect(const char *self) {
     return g_failures ? 1 : 0;
 }
 
-static halo_plan_params_t params(int64_t *shape) {
-    halo_plan_params_t p;
-    memset(&p, 0, sizeof p);
-    p.dtype = HALO_FLOAT32;
-    p.ndim = 1;
-    p.shape = shape;
-    p.left = p.right = 1;
-    return p;
-}
-
 /* in_flight: rank 0 aborts with a forward started (its sends out: they
  * reached rank 1, whose next forward completed on them and returned success
  * before the goodbye); otherwise with nothing in flight, and rank 1 starts
@@ -124,7 +114,7 @@ static int rank_abort(int port, int in_flight, int kept) {
     const int64_t timeout_ms = 2000;
     halo_comm_t c = make_comm(port, timeout_ms);
     int64_t shape[1] = {4};
-    halo_plan_params_t p = params(shape);
+    halo_plan_params_t p = plan_1d(shape, 1, 1);
     if (!in_flight) p.right = 0;
     halo_plan_t plan;
     HALO_OK(halo_plan_create(c, &p, &plan));

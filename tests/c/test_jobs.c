@@ -26,12 +26,7 @@ static int run_rank(int job, int rank) {
         return rc == HALO_ERR_RENDEZVOUS && strstr(msg, "HALO_") != NULL ? 3 : 1;
     }
     int64_t shape[1] = {4};
-    halo_plan_params_t p;
-    memset(&p, 0, sizeof p);
-    p.dtype = HALO_FLOAT32;
-    p.ndim = 1;
-    p.shape = shape;
-    p.left = p.right = 1;
+    halo_plan_params_t p = plan_1d(shape, 1, 1);
     halo_plan_t plan;
     HALO_OK(halo_plan_create(c, &p, &plan));
     float x[4], out[6];

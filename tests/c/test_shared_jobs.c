@@ -51,12 +51,7 @@ static int run_rank(int job, int rank, int late) {
         return rc == HALO_ERR_RENDEZVOUS && says_why(msg) && strstr(msg, own) != NULL ? 3 : 1;
     }
     int64_t shape[1] = {4};
-    halo_plan_params_t p;
-    memset(&p, 0, sizeof p);
-    p.dtype = HALO_FLOAT32;
-    p.ndim = 1;
-    p.shape = shape;
-    p.left = p.right = 1;
+    halo_plan_params_t p = plan_1d(shape, 1, 1);
     halo_plan_t plan = NULL;
     float x[4], out[6];
     for (int i = 0; i < 4; i++) x[i] = (float)(1000 * (job + 1) + 10 * rank + i);
