@@ -11,6 +11,8 @@ place, with no conversion copy.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -20,11 +22,14 @@ def dim_order(t: Tensor) -> tuple:
     elements fill one block, as a contiguous tensor's do, up to a permutation
     of the dims: channels_last, a transposed copy); the contiguous order
     otherwise (a sliced or expanded view), as ``torch.empty_like`` does."""
-    shape, strides = t.shape, t.stride()
+    shape, strides, numel = t.shape, t.stride(), t.numel()
+    if isinstance(numel, torch.SymInt):  # a fake tensor of torch.compile, with symbolic sizes
+        shape, strides = _hinted(shape), _hinted(strides)
+        numel = math.prod(shape)
     # torch strides the dims outside an empty one 0: they are outermost. A
     # dim of size 1 ties with its inner neighbour: it goes inside it, where
     # torch's formulas for a memory format put it. Other ties keep dim order.
-    outer = float("inf") if t.numel() == 0 else 0
+    outer = float("inf") if numel == 0 else 0
     order = tuple(sorted(range(t.dim()), key=lambda d: (-(strides[d] or outer), shape[d] == 1)))
     expected = 1
     for d in reversed(order):
@@ -32,6 +37,17 @@ def dim_order(t: Tensor) -> tuple:
             return tuple(range(t.dim()))
         expected *= max(shape[d], 1)
     return order
+
+
+def _hinted(values) -> list:
+    """Symbolic sizes or strides as ints to compare (no guard is added): an
+    unbacked size, data to the traced graph (a strided layer's output
+    count), as a large one, as torch's size-oblivious reasoning takes it.
+    The order found then holds for the sizes it may have at run time, 0 and
+    1 included (torch strides such dims as it likes)."""
+    from torch.fx.experimental.symbolic_shapes import optimization_hint
+
+    return [optimization_hint(v, fallback=8192) for v in values]
 
 
 def strides_in_order(shape, order) -> tuple:
@@ -98,7 +114,7 @@ class Like:
         return len(self.shape)
 
     def numel(self):
-        return self.shape.numel()
+        return math.prod(self.shape)  # (torch.Size.numel wants its sizes known)
 
     @property
     def is_cuda(self):

@@ -20,7 +20,7 @@ from . import _lib
 from ._lib import HaloError
 from ._sharding import distributed
 from ._layout import contiguous_strides as _contiguous_strides, dim_order, empty_in_order, in_strides, strides_in_order
-from .exchange import HALOS, _empty_halos, cp_halo_exchange, halos, is_compiling, route
+from .exchange import HALOS, _empty_halos, _token, cp_halo_exchange, halos, is_compiling, route
 from .tiles import TileGrid
 
 __all__ = ["CausalConv3d", "CenteredConv3d", "TiledConv2d", "TiledConv3d"]
@@ -333,49 +333,104 @@ def _sharded_conv(layer, x, pads, sharded):
     (the others are local, padded here)."""
     nsp = x.dim() - 2
     mode = layer.padding_mode
-    local = [pads[i] if i not in sharded else (0, 0) for i in range(nsp)]
-    conv_padding = [0] * nsp
-    if mode == "zeros" and all(l == r for l, r in local):
-        conv_padding = [l for l, _ in local]
-    elif any(l or r for l, r in local):
-        # torch pads an empty tensor only with a constant (and an empty shard has no values to pad with).
-        constant = mode == "zeros" or x.numel() == 0
-        x = F.pad(x, [p for l, r in reversed(local) for p in (l, r)], "constant" if constant else mode)
-    windows, out_shape = [], [x.shape[0], layer.out_channels]
-    for i in range(nsp):
+    exchanges = []  # (dim, group, left halo, right halo, this rank's row of the shard table)
+    for i in sorted(sharded):
         k, s, dil = layer.kernel_size[i], layer.stride[i], layer.dilation[i]
-        e = dil * (k - 1)
-        if i not in sharded:
-            out_shape.append(max((x.shape[2 + i] + 2 * conv_padding[i] - e - 1) // s + 1, 0))
-            continue
         pl, pr = pads[i]
-        group, n = sharded[i], x.shape[2 + i]
-        # Every call, even where the split could be known locally (stride 1,
-        # as many outputs as inputs): whether to exchange must not depend on
-        # what the ranks may disagree on.
-        table = _ShardTable.rows(group, [n, k, s, dil, pl, pr])
-        _agree(layer, table, 2 + i)
-        lengths = [int(v) for v in table[:, 0].tolist()]
-        phase, count = _outputs(s, e, pl, pr, lengths, dist.get_rank(group))
-        windows.append((2 + i, group, pl, max(e - pl, pr, 0), phase, (count - 1) * s + e + 1 if count else 0))
-        out_shape.append(count)
-    for dim, group, left, right, _, _ in windows:
+        e = dil * (k - 1)
+        exchanges.append((2 + i, sharded[i], pl, max(e - pl, pr, 0), [x.shape[2 + i], k, s, dil, pl, pr]))
+    dims = [dim for dim, *_ in exchanges]
+    local = [pads[i] if i not in sharded else (0, 0) for i in range(nsp)]
+    conv_padding = [l for l, r in local] if mode == "zeros" and all(l == r for l, r in local) else [0] * nsp
+    conv = (list(layer.stride), conv_padding, list(layer.dilation), layer.groups)
+    name = type(layer).__name__
+    # Every call, even where the split could be known locally (stride 1,
+    # as many outputs as inputs): whether to exchange must not depend on
+    # what the ranks may disagree on.
+    if is_compiling():
+        # Each rank's output count is data (the other ranks' lengths): ops
+        # whose fake implementations give it as an unbacked size (_ops.py).
+        splits = [torch.ops.halocp.conv_split(x, dim, row, _token(group), name) for dim, group, _, _, row in exchanges]
+        for dim, group, left, right, _ in exchanges:
+            x = cp_halo_exchange(x, left, right, dim, group, mode)
+        x = _pad_locally(x, local, conv_padding, mode)
+        return torch.ops.halocp.window_conv(x, layer.weight, layer.bias, torch.stack(splits), dims, *conv)
+    splits = [_split(name, dim, group, row) for dim, group, _, _, row in exchanges]
+    for dim, group, left, right, _ in exchanges:
         x = cp_halo_exchange(x, left, right, dim, group, mode)
-    if 0 in out_shape:
+    x = _pad_locally(x, local, conv_padding, mode)
+    window, out_shape = _conv_window(x, layer.weight, splits, dims, *conv[:3])
+    if window is None:
         return _NoOutput.apply(x, layer.weight, layer.bias, out_shape)
-    for dim, _, _, _, phase, length in windows:
-        x = x.narrow(dim, phase, length)
-    return _CONV[nsp](x, layer.weight, layer.bias, layer.stride, conv_padding, layer.dilation, layer.groups)
+    return _CONV[nsp](window, layer.weight, layer.bias, *conv)
 
 
-def _agree(layer, table, dim):
+def _pad_locally(x, local, conv_padding, mode):
+    """x padded along its local dims, where the convolution does not pad
+    them itself. After the exchanges, which it commutes with (the halos of
+    a padded shard are the padded halos), so that the tensor's length along
+    a sharded dim is the shard's plus its halos: never 0 where there are
+    halos, even when it is data to a traced graph."""
+    if not any(l or r for l, r in local) or any(conv_padding):
+        return x
+    # torch pads an empty tensor only with a constant (and an empty shard has no values to pad with).
+    constant = mode == "zeros" or _may_be_empty(x)
+    return F.pad(x, [p for l, r in reversed(local) for p in (l, r)], "constant" if constant else mode)
+
+
+def _may_be_empty(x):
+    if not is_compiling():
+        return x.numel() == 0
+    # An unbacked length (a previous layer's output count) is taken as not
+    # 0: an empty shard with no halos would fail in F.pad at run time.
+    from torch.fx.experimental.symbolic_shapes import guard_or_false
+    return guard_or_false(x.numel() == 0)
+
+
+def _split(layer_name, dim, group, row):
+    """(phase, count) of this rank's outputs along dim, from row (its shard
+    length and the layer's convolution along dim; see _ShardTable.COLUMNS)
+    and every other rank's: one exchange of the table, which also checks
+    that the ranks agree on the convolution."""
+    table = _ShardTable.rows(group, row)
+    _agree(layer_name, table, dim)
+    _, k, s, dil, pl, pr = row
+    lengths = [int(v) for v in table[:, 0].tolist()]
+    return _outputs(s, dil * (k - 1), pl, pr, lengths, dist.get_rank(group))
+
+
+def _conv_window(padded, weight, splits, dims, stride, padding, dilation):
+    """(window, output shape): the part of padded (the shard with its halos
+    along dims, split there as splits says) that this rank's outputs read,
+    None when it has no outputs, and the shape of those outputs."""
+    shape = _output_shape(padded, weight, dims, stride, padding, dilation)
+    for dim, (_, count) in zip(dims, splits):
+        shape[dim] = count
+    if 0 in shape:
+        return None, shape
+    for dim, (phase, count) in zip(dims, splits):
+        e = dilation[dim - 2] * (weight.shape[dim] - 1)
+        padded = padded.narrow(dim, phase, (count - 1) * stride[dim - 2] + e + 1)
+    return padded, shape
+
+
+def _output_shape(x, weight, dims, stride, padding, dilation):
+    """The shape of conv(x) (torch's formula), but for dims (None there)."""
+    shape = [x.shape[0], weight.shape[0]]
+    for i in range(x.dim() - 2):
+        e = dilation[i] * (weight.shape[2 + i] - 1)
+        shape.append(None if 2 + i in dims else max((x.shape[2 + i] + 2 * padding[i] - e - 1) // stride[i] + 1, 0))
+    return shape
+
+
+def _agree(layer_name, table, dim):
     rows = table[:, 1:]
     bad = [r for r in range(len(rows)) if not torch.equal(rows[r], rows[0])]
     if bad:
         have = "; ".join(f"rank {r}: " + ", ".join(f"{c} {int(v)}" for c, v in zip(_ShardTable.COLUMNS[1:], rows[r].tolist()))
                          for r in [0] + bad)
         raise HaloError(_lib.ERR_MISMATCH,
-                        f"halocp.nn: {type(layer).__name__}: the ranks sharing dim {dim} disagree on the "
+                        f"halocp.nn: {layer_name}: the ranks sharing dim {dim} disagree on the "
                         f"convolution along it ({have})")
 
 

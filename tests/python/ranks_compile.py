@@ -120,5 +120,63 @@ def scenario_new_group():
     _check(dist.new_group(list(range(ranks.WORLD))))
 
 
+def _same(model, x, exact=False, what="output"):
+    """model compiled with fullgraph=True against model run eagerly: one
+    graph, the eager output, input and parameter gradients (bit for bit
+    when exact, else to rounding), and a second call that does not compile
+    again."""
+
+    def run(m):
+        xx = x.detach().requires_grad_()
+        y = m(xx)
+        (y * torch.linspace(-1, 1, y.numel(), dtype=y.dtype).reshape(y.shape)).sum().backward()
+        grads = [xx.grad] + [p.grad.clone() for p in model.parameters()]
+        model.zero_grad(set_to_none=True)
+        return [y.detach()] + grads
+
+    want = run(model)
+    torch._dynamo.reset()
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(model, backend=counter, fullgraph=True)
+    got = run(compiled)
+    expect(counter.frame_count == 1, f"{what}: torch.compile made {counter.frame_count} graphs, not 1")
+    names = ["output", "grad_x"] + [f"grad {n}" for n, _ in model.named_parameters()]
+    for g, w, name in zip(got, want, names):
+        if exact:
+            expect_bits(g, w, f"{what}: compiled {name} against eager")
+        else:
+            expect(g.shape == w.shape and torch.allclose(g, w, rtol=1e-5, atol=1e-5),
+                   f"{what}: compiled {name} differs from eager ({tuple(g.shape)} vs {tuple(w.shape)})")
+    again = run(compiled)
+    expect(counter.frame_count == 1, f"{what}: a second call compiled again ({counter.frame_count} graphs)")
+    for g, w, name in zip(again, got, names):
+        expect_bits(g, w, f"{what}: the second compiled call's {name}")
+    return got
+
+
+def scenario_strided():
+    """The general path of the temporal layers: a temporal stride and
+    padding modes other than zeros, uneven shards, two layers in a row (the
+    second one's input length is an unbacked size)."""
+    torch.manual_seed(11)
+    model = torch.nn.Sequential(
+        halocp.nn.CausalConv3d(3, 4, 3, stride=(2, 1, 1), padding=1, padding_mode="replicate"),
+        halocp.nn.CenteredConv3d(4, 2, 3, padding=(1, 0), padding_mode="reflect"))
+    _same(model, torch.randn(1, 3, 5 + 2 * ranks.RANK, 4, 3), what="strided and padded")
+
+
+def scenario_no_output():
+    """A rank whose strided convolution has no output frames (rank 1: its
+    2 frames hold no multiple of the stride), and an empty shard (rank 0):
+    both still run their part of every exchange, forward and backward."""
+    torch.manual_seed(13)
+    layer = halocp.nn.CausalConv3d(2, 3, 3, stride=(3, 1, 1), padding=1)
+    y = _same(layer, torch.randn(1, 2, 1 + ranks.RANK, 3, 3), what="rank 1 without outputs")[0]
+    expect(y.shape[2] == 1 - ranks.RANK, f"rank {ranks.RANK} has {y.shape[2]} output frames")
+    layer = halocp.nn.CenteredConv3d(2, 3, 3, stride=(2, 1, 1), padding=1, padding_mode="replicate")
+    y = _same(layer, torch.randn(1, 2, 3 * ranks.RANK, 3, 3), what="rank 0 with an empty shard")[0]
+    expect(y.shape[2] == 2 * ranks.RANK, f"rank {ranks.RANK} has {y.shape[2]} output frames")
+
+
 if __name__ == "__main__":
     ranks.main(globals())
