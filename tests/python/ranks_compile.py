@@ -178,5 +178,44 @@ def scenario_no_output():
     expect(y.shape[2] == 2 * ranks.RANK, f"rank {ranks.RANK} has {y.shape[2]} output frames")
 
 
+def scenario_tiled():
+    """The tiled layers and the grid= form: TiledConv2d strided over uneven
+    tiles of H, TiledConv3d with a padding mode over W, CausalConv3d tiled
+    over T."""
+    torch.manual_seed(17)
+    along_h, along_w = halocp.TileGrid((2, 1)), halocp.TileGrid((1, 1, 2))
+    layer = halocp.nn.TiledConv2d(2, 3, 3, stride=2, padding=1, grid=along_h)
+    _same(layer, torch.randn(2, 2, 4 + ranks.RANK, 5), what="TiledConv2d")
+    layer = halocp.nn.TiledConv3d(2, 2, 3, padding=1, padding_mode="circular", grid=along_w)
+    _same(layer, torch.randn(1, 2, 3, 4, 2 + ranks.RANK), what="TiledConv3d")
+    layer = halocp.nn.CausalConv3d(2, 2, 3, padding=1, grid=halocp.TileGrid((2, 1, 1)))
+    _same(layer, torch.randn(1, 2, 3 + ranks.RANK, 3, 3), what="CausalConv3d(grid=)")
+
+
+def scenario_tile_exchange():
+    """tile_halo_exchange: bit for bit, with its gradient."""
+    torch.manual_seed(19)
+    grid = halocp.TileGrid((2, 1))
+
+    class Tiles(torch.nn.Module):
+        def forward(self, x):
+            return halocp.tile_halo_exchange(x, [(1, 2), 1], [2, 3], grid, "replicate")
+
+    _same(Tiles(), torch.randn(1, 2, 3 + ranks.RANK, 4, dtype=torch.float64), exact=True, what="tile_halo_exchange")
+
+
+def scenario_mismatch():
+    """Ranks whose compiled layers disagree (the temporal stride) all raise
+    ERR_MISMATCH naming the ranks, as eager ones do; the group works after."""
+    stride = 2 if ranks.RANK == ranks.WORLD - 1 else 3
+    layer = halocp.nn.CausalConv3d(2, 2, 3, stride=(stride, 1, 1))
+    torch._dynamo.reset()
+    compiled = torch.compile(layer, backend="aot_eager", fullgraph=True)
+    msg = ranks.raises(lambda: compiled(torch.randn(1, 2, 4, 3, 3)), halocp.ERR_MISMATCH, "compiled strides that differ")
+    expect(f"rank {ranks.WORLD - 1}: kernel 3, stride 2" in msg and "rank 0: kernel 3, stride 3" in msg,
+           f"the message: {msg}")
+    _same(halocp.nn.CausalConv3d(2, 2, 3, stride=(2, 1, 1)), torch.randn(1, 2, 4, 3, 3), what="after the mismatch")
+
+
 if __name__ == "__main__":
     ranks.main(globals())

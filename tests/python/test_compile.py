@@ -14,7 +14,8 @@ import pytest
 from launcher import expect_scenario, launch
 
 HERE = Path(__file__).resolve().parent
-SCENARIOS = ["default_group", "new_group", "exchanges_bits", "layers"]
+SCENARIOS = ["default_group", "new_group", "exchanges_bits", "layers", "strided", "no_output", "tiled",
+             "tile_exchange", "mismatch"]
 
 
 @pytest.fixture(scope="module")
