@@ -50,6 +50,20 @@ def _hinted(values) -> list:
     return [optimization_hint(v, fallback=8192) for v in values]
 
 
+_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", lambda: False)
+
+
+def known(cond, otherwise: bool) -> bool:
+    """cond (a bool, or a symbolic one while torch.compile traces), or
+    otherwise where it depends on what the traced graph does not know (an
+    unbacked size). No guard is added for that."""
+    if not _compiling():  # (dynamo takes a SymBool for a bool: isinstance cannot tell)
+        return cond
+    from torch.fx.experimental.symbolic_shapes import guard_or_false, guard_or_true
+
+    return guard_or_true(cond) if otherwise else guard_or_false(cond)
+
+
 def strides_in_order(shape, order) -> tuple:
     """The strides of a dense tensor of shape whose dims lie in memory in order."""
     strides, acc = [0] * len(shape), 1

@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from . import exchange, nn
+from . import exchange, halo_sum, nn, transpose
 from ._comm import token_group
 from ._layout import Like as _Like, dim_order, empty_in_order, in_strides, padded_shape, resized, strides_in_order
 
@@ -179,3 +179,88 @@ def _window_conv_grad(ctx, grad):
 
 
 _window_conv_op.register_autograd(_window_conv_grad, setup_context=_save_window)
+
+
+# ---------------------------------------- halocp.nn.ConvTranspose3d's path
+# The same split for the transposed convolution: transpose_span exchanges
+# the rows (and checks them) and gives where this rank's local output goes
+# in the summing exchange's input, as a tensor; place_sum places it there
+# and sums, its fake giving the output length as an unbacked size. Its
+# backward is the exchange's forward, then the placement's adjoint.
+
+
+@torch.library.custom_op("halocp::transpose_span", mutates_args=())
+def _transpose_span_op(x: Tensor, row: list[int], group: str) -> Tensor:
+    return torch.tensor(transpose._span(row, token_group(group), x.device), dtype=torch.int64)
+
+
+@_transpose_span_op.register_fake
+def _(x, row, group):
+    return torch.empty(2, dtype=torch.int64)
+
+
+def _fresh(t: Tensor, strides, of: Tensor) -> Tensor:
+    """t in strides, never sharing of's memory (an op's output never
+    aliases its input)."""
+    t = in_strides(t, strides)
+    return t.clone() if t.numel() and t.data_ptr() == of.data_ptr() else t
+
+
+@torch.library.custom_op("halocp::place_sum", mutates_args=())
+def _place_sum_op(z: Tensor, span: Tensor, left: int, right: int, dim: int, group: str) -> Tensor:
+    offset, size = span.tolist()
+    with torch.no_grad():
+        y = halo_sum.cp_halo_sum(transpose._place(z, offset, size), left, right, dim, token_group(group))
+    return _fresh(y, strides_in_order(y.shape, dim_order(z)), z)
+
+
+@_place_sum_op.register_fake
+def _(z, span, left, right, dim, group):
+    return empty_in_order(resized(z.shape, dim, torch.library.get_ctx().new_dynamic_size()), dim_order(z), z.dtype,
+                          z.device)
+
+
+@torch.library.custom_op("halocp::place_sum_backward", mutates_args=())
+def _place_sum_backward_op(grad: Tensor, span: Tensor, z_shape: list[int], z_strides: list[int], left: int,
+                           right: int, dim: int, group: str) -> Tensor:
+    offset, _ = span.tolist()
+    order = dim_order(_Like(z_shape, z_strides, grad))
+    with torch.no_grad():  # in the forward's layout, whose plan exists
+        g = exchange.cp_halo_exchange(in_strides(grad, strides_in_order(grad.shape, order)), left, right, dim,
+                                      token_group(group))
+    return _fresh(transpose._place(g, -offset, z_shape[dim]), tuple(z_strides), grad)
+
+
+@_place_sum_backward_op.register_fake
+def _(grad, span, z_shape, z_strides, left, right, dim, group):
+    return torch.empty_strided(z_shape, z_strides, dtype=grad.dtype, device=grad.device)
+
+
+def _save_place(ctx, inputs, output):
+    z, span = inputs[:2]
+    ctx.save_for_backward(span)
+    ctx.z = (list(z.shape), list(z.stride()))
+    ctx.args = inputs[2:]
+
+
+def _place_sum_grad(ctx, grad):
+    span, = ctx.saved_tensors
+    return (torch.ops.halocp.place_sum_backward(grad, span, *ctx.z, *ctx.args),) + (None,) * 5
+
+
+_place_sum_op.register_autograd(_place_sum_grad, setup_context=_save_place)
+
+
+# cp_halo_sum under compile is the exchange's backward op; its own backward
+# is the exchange's forward.
+
+
+def _save_sum(ctx, inputs, output):
+    ctx.args = inputs[3:]
+
+
+def _sum_grad(ctx, grad):
+    return (torch.ops.halocp.exchange(grad, *ctx.args),) + (None,) * 7
+
+
+_exchange_backward_op.register_autograd(_sum_grad, setup_context=_save_sum)

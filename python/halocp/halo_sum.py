@@ -21,8 +21,8 @@ from torch import Tensor
 from . import _lib
 from ._lib import HaloError
 from ._sharding import world_and_rank
-from ._layout import Like, dim_order, in_strides, padded_shape, strides_in_order
-from .exchange import COPY, _check, _padding, cp_halo_exchange, route
+from ._layout import Like, dim_order, in_strides, known, padded_shape, strides_in_order
+from .exchange import COPY, _check, _padding, _token, cp_halo_exchange, is_compiling, route
 
 __all__ = ["cp_halo_sum"]
 
@@ -69,13 +69,17 @@ def cp_halo_sum(y: Tensor, left_size: int, right_size: int, dim: int, group=None
     """
     left, right, dim = _check(y, left_size, right_size, dim, "y")
     _padding(padding_mode)
-    if y.shape[dim] < left + right:
+    if known(y.shape[dim] < left + right, False):  # (else the library says so)
         _, rank = world_and_rank(group)
         raise HaloError(_lib.ERR_INVALID_ARGUMENT,
                         f"halocp: cp_halo_sum on rank {rank}: y has {y.shape[dim]} slices along dim {dim}, "
                         f"fewer than its halos ({left} + {right}); shape {tuple(y.shape)}")
     if left == 0 and right == 0:
         return y
+    if is_compiling():  # the exchange's backward op, whose backward is the exchange (_ops.py)
+        shape = padded_shape(y.shape, dim, -left - right)
+        return torch.ops.halocp.exchange_backward(y, shape, strides_in_order(shape, dim_order(y)), left, right, dim,
+                                                  _token(group), padding_mode)
     if y.is_neg():
         y = y.resolve_neg()
     if y.requires_grad and torch.is_grad_enabled():

@@ -19,7 +19,8 @@ import torch.nn.functional as F
 from . import _lib
 from ._lib import HaloError
 from ._sharding import distributed
-from ._layout import contiguous_strides as _contiguous_strides, dim_order, empty_in_order, in_strides, strides_in_order
+from ._layout import (contiguous_strides as _contiguous_strides, dim_order, empty_in_order, in_strides, known,
+                      strides_in_order)
 from .exchange import HALOS, _empty_halos, _token, cp_halo_exchange, halos, is_compiling, route
 from .tiles import TileGrid
 
@@ -374,17 +375,10 @@ def _pad_locally(x, local, conv_padding, mode):
     if not any(l or r for l, r in local) or any(conv_padding):
         return x
     # torch pads an empty tensor only with a constant (and an empty shard has no values to pad with).
-    constant = mode == "zeros" or _may_be_empty(x)
+    # Under torch.compile an unbacked length (a previous layer's output
+    # count) is taken as not 0: an empty shard with no halos would fail here.
+    constant = mode == "zeros" or known(x.numel() == 0, False)
     return F.pad(x, [p for l, r in reversed(local) for p in (l, r)], "constant" if constant else mode)
-
-
-def _may_be_empty(x):
-    if not is_compiling():
-        return x.numel() == 0
-    # An unbacked length (a previous layer's output count) is taken as not
-    # 0: an empty shard with no halos would fail in F.pad at run time.
-    from torch.fx.experimental.symbolic_shapes import guard_or_false
-    return guard_or_false(x.numel() == 0)
 
 
 def _split(layer_name, dim, group, row):

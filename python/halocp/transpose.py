@@ -29,7 +29,9 @@ import torch.nn.functional as F
 
 from . import _lib
 from ._lib import HaloError
+from ._layout import known
 from ._sharding import disagreement, distributed, shard_table, world_and_rank
+from .exchange import _token, is_compiling
 from .halo_sum import cp_halo_sum
 
 __all__ = ["ConvTranspose3d"]
@@ -68,8 +70,7 @@ class ConvTranspose3d(torch.nn.ConvTranspose3d):
             raise ValueError(f"halocp.nn.ConvTranspose3d: temporal output_padding {op} must be smaller than the "
                              f"stride ({s}) or the dilation ({d})")
         self.group = group
-        # The frames a rank's local output has before and after its own.
-        self.left, self.right = p, max(d * (k - 1) + 1 - s - p, 0)
+        self.left, self.right = _halos(k, s, p, d)
 
     def forward(self, x: torch.Tensor, output_size=None) -> torch.Tensor:
         if not distributed(self.group):
@@ -90,39 +91,60 @@ class ConvTranspose3d(torch.nn.ConvTranspose3d):
         return super().extra_repr() + f", temporal halo=({self.left}, {self.right})"
 
 
+def _halos(k, s, p, d):
+    """The frames a rank's local output has before and after its own."""
+    return p, max(d * (k - 1) + 1 - s - p, 0)
+
+
 def _sharded_conv_transpose(layer, x):
-    k, s, p, op, d = (layer.kernel_size[0], layer.stride[0], layer.padding[0], layer.output_padding[0],
-                      layer.dilation[0])
-    world, rank = world_and_rank(layer.group)
     n = x.shape[2]
-    table = shard_table([n, k, s, p, op, d, layer.in_channels, layer.out_channels], layer.group, x.device)
-    bad = disagreement(table, _AGREED)
-    if bad:
-        raise HaloError(_lib.ERR_MISMATCH,
-                        f"halocp.nn: ConvTranspose3d: the ranks of the group disagree on the layer ({bad})")
-    lengths = [row[0] for row in table]
-    a, total = sum(lengths[:rank]), sum(lengths)
-    out_len = max((total - 1) * s - 2 * p + d * (k - 1) + op + 1, 0)
-    start = min(a * s, out_len)
-    end = out_len if rank == world - 1 else min((a + n) * s, out_len)
-    left, right = layer.left, layer.right
+    row = [n, layer.kernel_size[0], layer.stride[0], layer.padding[0], layer.output_padding[0], layer.dilation[0],
+           layer.in_channels, layer.out_channels]
+    # The length of this rank's output is data (the other ranks' lengths):
+    # under torch.compile, ops whose fake gives it as an unbacked size (_ops.py).
+    compiling = is_compiling()
+    span = torch.ops.halocp.transpose_span(x, row, _token(layer.group)) if compiling else _span(row, layer.group, x.device)
 
     # No temporal padding or output padding: the crop at the ends is the exchange's.
     local = dict(stride=layer.stride, padding=(0,) + layer.padding[1:],
                  output_padding=(0,) + layer.output_padding[1:], groups=layer.groups, dilation=layer.dilation)
-    if n:
-        z = F.conv_transpose3d(x, layer.weight, None, **local)
-    else:
+    if known(n == 0, True):
         # An empty shard contributes nothing, but its part of the graph must
         # exist (its backward runs its part of the exchange): one zero frame.
-        z = F.conv_transpose3d(F.pad(x, (0, 0, 0, 0, 0, 1)), layer.weight, None, **local)
+        # (Also where a traced graph does not know n: the frame adds zeros.)
+        x = F.pad(x, (0, 0, 0, 0, 0, 1))
+    z = F.conv_transpose3d(x, layer.weight, None, **local)
     # z's first frame is output frame a*s - p; the summing exchange wants
     # the frames [start - p, end + right), cropped or padded with zeros.
-    y = cp_halo_sum(_place(z, a * s - start, left + (end - start) + right), left, right, 2, layer.group)
+    if compiling:
+        y = torch.ops.halocp.place_sum(z, span, layer.left, layer.right, 2, _token(layer.group))
+    else:
+        y = cp_halo_sum(_place(z, *span), layer.left, layer.right, 2, layer.group)
     if layer.bias is not None:
         # In place: the sum's output is new, and no backward needs it.
         y = y.add_(layer.bias.view(1, -1, 1, 1, 1))
     return y
+
+
+def _span(row, group, device):
+    """(offset, size): where z (the local transposed convolution of a shard
+    of row[0] frames) goes in the input of the summing exchange, and that
+    input's length. One exchange of every rank's row, which also checks
+    that the ranks agree on the layer."""
+    n, k, s, p, op, d = row[:6]
+    world, rank = world_and_rank(group)
+    table = shard_table(row, group, device)
+    bad = disagreement(table, _AGREED)
+    if bad:
+        raise HaloError(_lib.ERR_MISMATCH,
+                        f"halocp.nn: ConvTranspose3d: the ranks of the group disagree on the layer ({bad})")
+    lengths = [r[0] for r in table]
+    a, total = sum(lengths[:rank]), sum(lengths)
+    out_len = max((total - 1) * s - 2 * p + d * (k - 1) + op + 1, 0)
+    start = min(a * s, out_len)
+    end = out_len if rank == world - 1 else min((a + n) * s, out_len)
+    left, right = _halos(k, s, p, d)
+    return a * s - start, left + (end - start) + right
 
 
 def _place(z, offset, size):

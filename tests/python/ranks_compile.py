@@ -217,5 +217,23 @@ def scenario_mismatch():
     _same(halocp.nn.CausalConv3d(2, 2, 3, stride=(2, 1, 1)), torch.randn(1, 2, 4, 3, 3), what="after the mismatch")
 
 
+def scenario_transpose():
+    """ConvTranspose3d over uneven shards (rank 0's empty), behind a strided
+    CausalConv3d whose output count is data to the graph; cp_halo_sum bit
+    for bit."""
+    torch.manual_seed(23)
+    layer = halocp.nn.ConvTranspose3d(2, 3, (4, 3, 3), stride=(2, 1, 1), padding=1)
+    _same(layer, torch.randn(1, 2, 3 * ranks.RANK, 3, 2), what="ConvTranspose3d")
+    model = torch.nn.Sequential(halocp.nn.CausalConv3d(2, 2, 3, stride=(2, 1, 1), padding=1),
+                                halocp.nn.ConvTranspose3d(2, 2, 3, stride=(2, 1, 1), padding=1, output_padding=(1, 0, 0)))
+    _same(model, torch.randn(1, 2, 4 + 3 * ranks.RANK, 3, 3), what="CausalConv3d then ConvTranspose3d")
+
+    class Sum(torch.nn.Module):
+        def forward(self, y):
+            return halocp.cp_halo_sum(y * 2, 2, 1, 2)
+
+    _same(Sum(), torch.randn(2, 1, 4 + ranks.RANK, 3, dtype=torch.float64), exact=True, what="cp_halo_sum")
+
+
 if __name__ == "__main__":
     ranks.main(globals())
