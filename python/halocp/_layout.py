@@ -50,14 +50,16 @@ def _hinted(values) -> list:
     return [optimization_hint(v, fallback=8192) for v in values]
 
 
-_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", lambda: False)
+# True while torch.compile traces (PyTorch >= 2.4; an older torch compiles
+# nothing, and halocp keeps its autograd Functions there).
+is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", lambda: False)
 
 
 def known(cond, otherwise: bool) -> bool:
     """cond (a bool, or a symbolic one while torch.compile traces), or
     otherwise where it depends on what the traced graph does not know (an
     unbacked size). No guard is added for that."""
-    if not _compiling():  # (dynamo takes a SymBool for a bool: isinstance cannot tell)
+    if not is_compiling():  # (dynamo takes a SymBool for a bool: isinstance cannot tell)
         return cond
     from torch.fx.experimental.symbolic_shapes import guard_or_false, guard_or_true
 

@@ -15,6 +15,13 @@ same values and gradients at the cost of one copy of the buffer.
 A process group cannot be an op argument: ops take a token (the group's
 name, "" for the default group) that ``_comm.group_token`` hands out and
 ``_comm.token_group`` resolves.
+
+halocp.nn's strided, padded and tiled layers and ConvTranspose3d give each
+rank as many outputs as the other ranks' shard lengths make it, data to a
+traced graph: their ops below return that length as an unbacked size
+(``new_dynamic_size``, which dynamo allows under ``fullgraph=True``). Each
+op runs the eager path's own functions (nn._split, nn._conv_window,
+transpose._span, transpose._place), so both paths compute the same split.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from torch import Tensor
 
 from . import _cuda, _host, _inflight, _lib
 from ._comm import communicator, group_token
-from ._layout import dim_order, empty_in_order, resized as _halo_shape
+from ._layout import dim_order, empty_in_order, is_compiling, resized as _halo_shape
 from ._inflight import Exchange
 from ._lib import HaloError
 
@@ -60,12 +60,9 @@ def _check_padded(padded: Tensor, left, right, dim, record: bool) -> None:
 
 
 _padding = _lib.padding_code
-# torch.compile's hooks (PyTorch >= 2.4; an older torch compiles nothing and
-# keeps the autograd Functions). The token is evaluated while torch.compile
-# traces, its result a constant of the graph.
-_compiler = getattr(torch, "compiler", None)
-is_compiling = getattr(_compiler, "is_compiling", lambda: False)
-_token = getattr(_compiler, "assume_constant_result", lambda f: f)(group_token)
+# torch.compile's hooks (is_compiling: _layout's). The token is evaluated
+# while torch.compile traces, its result a constant of the graph.
+_token = getattr(getattr(torch, "compiler", None), "assume_constant_result", lambda f: f)(group_token)
 
 
 # ------------------------------------------------------------------ routes

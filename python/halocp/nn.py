@@ -348,7 +348,7 @@ def _sharded_conv(layer, x, pads, sharded):
     # Every call, even where the split could be known locally (stride 1,
     # as many outputs as inputs): whether to exchange must not depend on
     # what the ranks may disagree on.
-    if is_compiling():
+    if is_compiling() and exchanges:
         # Each rank's output count is data (the other ranks' lengths): ops
         # whose fake implementations give it as an unbacked size (_ops.py).
         splits = [torch.ops.halocp.conv_split(x, dim, row, _token(group), name) for dim, group, _, _, row in exchanges]

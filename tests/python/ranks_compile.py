@@ -1,7 +1,8 @@
-"""One rank of the torch.compile tests: a model using every exchange and a
-halocp.nn layer, compiled with fullgraph=True (any graph break is an error)
-through AOTAutograd, against the same model run eagerly. tests/python/
-test_compile.py starts W of them.
+"""One rank of the torch.compile tests: models using every exchange and
+every halocp.nn layer, compiled with fullgraph=True (any graph break is an
+error) through AOTAutograd, against the same models run eagerly; uneven
+shards, empty ones and ranks with no output included. tests/python/
+test_compile.py starts 2 of them.
 
     ranks_compile.py SCENARIO...
 """
@@ -65,9 +66,7 @@ def _check(group):
 
 def scenario_layers():
     """CenteredConv3d (both halos) and GroupNorm across ranks compile into one
-    graph too, with the eager results. (The general conv path, strided or
-    with a padding mode other than zeros, and ConvTranspose3d, read every
-    rank's shard length as data and do not compile yet.)"""
+    graph too, with the eager results."""
     torch.manual_seed(7)
     model = torch.nn.Sequential(halocp.nn.CenteredConv3d(3, 4, 3, padding=1), halocp.nn.GroupNorm(2, 4))
     x = torch.randn(1, 3, 3 + ranks.RANK, 4, 4)
