@@ -160,7 +160,8 @@ def scenario_strided():
     torch.manual_seed(11)
     model = torch.nn.Sequential(
         halocp.nn.CausalConv3d(3, 4, 3, stride=(2, 1, 1), padding=1, padding_mode="replicate"),
-        halocp.nn.CenteredConv3d(4, 2, 3, padding=(1, 0), padding_mode="reflect"))
+        halocp.nn.CenteredConv3d(4, 2, 3, padding=(1, 0), padding_mode="reflect"),
+        halocp.nn.CausalConv3d(2, 2, 3, padding=1))
     _same(model, torch.randn(1, 3, 5 + 2 * ranks.RANK, 4, 3), what="strided and padded")
 
 
@@ -175,6 +176,9 @@ def scenario_no_output():
     layer = halocp.nn.CenteredConv3d(2, 3, 3, stride=(2, 1, 1), padding=1, padding_mode="replicate")
     y = _same(layer, torch.randn(1, 2, 3 * ranks.RANK, 3, 3), what="rank 0 with an empty shard")[0]
     expect(y.shape[2] == 2 * ranks.RANK, f"rank {ranks.RANK} has {y.shape[2]} output frames")
+    layer = halocp.nn.CausalConv3d(2, 3, 3, padding=1)  # stride 1, zeros: the empty shard's output is empty
+    y = _same(layer, torch.randn(1, 2, 3 * ranks.RANK, 3, 3), what="stride 1, rank 0 with an empty shard")[0]
+    expect(y.shape[2] == 3 * ranks.RANK, f"rank {ranks.RANK} has {y.shape[2]} output frames")
 
 
 def scenario_tiled():
