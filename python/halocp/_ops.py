@@ -191,9 +191,12 @@ _window_conv_op.register_autograd(_window_conv_grad, setup_context=_save_window)
 # ---------------------------------------- halocp.nn.ConvTranspose3d's path
 # The same split for the transposed convolution: transpose_span exchanges
 # the rows (and checks them) and gives where this rank's local output goes
-# in the summing exchange's input, as a tensor; place_sum places it there
-# and sums, its fake giving the output length as an unbacked size. Its
-# backward is the exchange's forward, then the placement's adjoint.
+# in the summing exchange's input, as a tensor; conv_transpose_sum convolves
+# the shard, places the result there and sums, its fake giving the output
+# length as an unbacked size. (The convolution is inside the op: inductor
+# lowers a convolution only over sizes it has a hint for, and the shard's
+# length may be data too, a strided layer's output.) Its backward is the
+# exchange's forward, then the placement's and the convolution's adjoints.
 
 
 @torch.library.custom_op("halocp::transpose_span", mutates_args=())
@@ -213,49 +216,65 @@ def _fresh(t: Tensor, strides, of: Tensor) -> Tensor:
     return t.clone() if t.numel() and t.data_ptr() == of.data_ptr() else t
 
 
-@torch.library.custom_op("halocp::place_sum", mutates_args=())
-def _place_sum_op(z: Tensor, span: Tensor, left: int, right: int, dim: int, group: str) -> Tensor:
+@torch.library.custom_op("halocp::conv_transpose_sum", mutates_args=())
+def _conv_transpose_sum_op(x: Tensor, weight: Tensor, span: Tensor, stride: list[int], padding: list[int],
+                           output_padding: list[int], groups: int, dilation: list[int], left: int, right: int,
+                           group: str) -> Tensor:
     offset, size = span.tolist()
+    z, _ = transpose._local(x, weight, (stride, padding, output_padding, groups, dilation))
     with torch.no_grad():
-        y = halo_sum.cp_halo_sum(transpose._place(z, offset, size), left, right, dim, token_group(group))
-    return _fresh(y, strides_in_order(y.shape, dim_order(z)), z)
+        y = halo_sum.cp_halo_sum(transpose._place(z, offset, size), left, right, 2, token_group(group))
+    return _fresh(y, strides_in_order(y.shape, dim_order(x)), x)
 
 
-@_place_sum_op.register_fake
-def _(z, span, left, right, dim, group):
-    return empty_in_order(resized(z.shape, dim, torch.library.get_ctx().new_dynamic_size()), dim_order(z), z.dtype,
-                          z.device)
+@_conv_transpose_sum_op.register_fake
+def _(x, weight, span, stride, padding, output_padding, groups, dilation, left, right, group):
+    shape = [x.shape[0], weight.shape[1] * groups, torch.library.get_ctx().new_dynamic_size()]
+    for i in (1, 2):  # torch's formula
+        k = dilation[i] * (weight.shape[2 + i] - 1)
+        shape.append((x.shape[2 + i] - 1) * stride[i] - 2 * padding[i] + k + output_padding[i] + 1)
+    return empty_in_order(shape, dim_order(x), x.dtype, x.device)
 
 
-@torch.library.custom_op("halocp::place_sum_backward", mutates_args=())
-def _place_sum_backward_op(grad: Tensor, span: Tensor, z_shape: list[int], z_strides: list[int], left: int,
-                           right: int, dim: int, group: str) -> Tensor:
+@torch.library.custom_op("halocp::conv_transpose_sum_backward", mutates_args=())
+def _conv_transpose_sum_backward_op(grad: Tensor, x: Tensor, weight: Tensor, span: Tensor, stride: list[int],
+                                    padding: list[int], output_padding: list[int], groups: int, dilation: list[int],
+                                    left: int, right: int, group: str, mask: list[bool]) -> tuple[Tensor, Tensor]:
     offset, _ = span.tolist()
-    order = dim_order(_Like(z_shape, z_strides, grad))
+    n, grad_x_strides = x.shape[2], strides_in_order(x.shape, dim_order(x))
+    if n == 0:  # as _local convolved it
+        x = torch.nn.functional.pad(x, (0, 0, 0, 0, 0, 1))
+    z_frames = (x.shape[2] - 1) * stride[0] + dilation[0] * (weight.shape[2] - 1) + 1
     with torch.no_grad():  # in the forward's layout, whose plan exists
-        g = exchange.cp_halo_exchange(in_strides(grad, strides_in_order(grad.shape, order)), left, right, dim,
+        g = exchange.cp_halo_exchange(in_strides(grad, strides_in_order(grad.shape, dim_order(x))), left, right, 2,
                                       token_group(group))
-    return _fresh(transpose._place(g, -offset, z_shape[dim]), tuple(z_strides), grad)
+    grad_z = transpose._place(g, -offset, z_frames)
+    grad_x, grad_w, _ = torch.ops.aten.convolution_backward(grad_z, x, weight, None, stride, padding, dilation, True,
+                                                            output_padding, groups, [mask[0], mask[1], False])
+    grad_x = x.new_empty(0) if grad_x is None else in_strides(grad_x.narrow(2, 0, n), grad_x_strides)
+    return grad_x, weight.new_empty(0) if grad_w is None else grad_w
 
 
-@_place_sum_backward_op.register_fake
-def _(grad, span, z_shape, z_strides, left, right, dim, group):
-    return torch.empty_strided(z_shape, z_strides, dtype=grad.dtype, device=grad.device)
+@_conv_transpose_sum_backward_op.register_fake
+def _(grad, x, weight, span, stride, padding, output_padding, groups, dilation, left, right, group, mask):
+    return (empty_in_order(x.shape, dim_order(x), x.dtype, x.device) if mask[0] else x.new_empty(0),
+            torch.empty_like(weight) if mask[1] else weight.new_empty(0))
 
 
-def _save_place(ctx, inputs, output):
-    z, span = inputs[:2]
-    ctx.save_for_backward(span)
-    ctx.z = (list(z.shape), list(z.stride()))
-    ctx.args = inputs[2:]
+def _save_conv_transpose(ctx, inputs, output):
+    x, weight, span = inputs[:3]
+    ctx.save_for_backward(x, weight, span)
+    ctx.args = inputs[3:]
 
 
-def _place_sum_grad(ctx, grad):
-    span, = ctx.saved_tensors
-    return (torch.ops.halocp.place_sum_backward(grad, span, *ctx.z, *ctx.args),) + (None,) * 5
+def _conv_transpose_sum_grad(ctx, grad):
+    x, weight, span = ctx.saved_tensors
+    mask = list(ctx.needs_input_grad[:2])
+    grad_x, grad_w = torch.ops.halocp.conv_transpose_sum_backward(grad, x, weight, span, *ctx.args, mask)
+    return (grad_x if mask[0] else None, grad_w if mask[1] else None) + (None,) * 9
 
 
-_place_sum_op.register_autograd(_place_sum_grad, setup_context=_save_place)
+_conv_transpose_sum_op.register_autograd(_conv_transpose_sum_grad, setup_context=_save_conv_transpose)
 
 
 # cp_halo_sum under compile is the exchange's backward op; its own backward

@@ -29,7 +29,6 @@ import torch.nn.functional as F
 
 from . import _lib
 from ._lib import HaloError
-from ._layout import known
 from ._sharding import disagreement, distributed, shard_table, world_and_rank
 from .exchange import _token, is_compiling
 from .halo_sum import cp_halo_sum
@@ -97,33 +96,35 @@ def _halos(k, s, p, d):
 
 
 def _sharded_conv_transpose(layer, x):
-    n = x.shape[2]
-    row = [n, layer.kernel_size[0], layer.stride[0], layer.padding[0], layer.output_padding[0], layer.dilation[0],
-           layer.in_channels, layer.out_channels]
-    # The length of this rank's output is data (the other ranks' lengths):
-    # under torch.compile, ops whose fake gives it as an unbacked size (_ops.py).
-    compiling = is_compiling()
-    span = torch.ops.halocp.transpose_span(x, row, _token(layer.group)) if compiling else _span(row, layer.group, x.device)
-
+    row = [x.shape[2], layer.kernel_size[0], layer.stride[0], layer.padding[0], layer.output_padding[0],
+           layer.dilation[0], layer.in_channels, layer.out_channels]
     # No temporal padding or output padding: the crop at the ends is the exchange's.
-    local = dict(stride=layer.stride, padding=(0,) + layer.padding[1:],
-                 output_padding=(0,) + layer.output_padding[1:], groups=layer.groups, dilation=layer.dilation)
-    if known(n == 0, True):
-        # An empty shard contributes nothing, but its part of the graph must
-        # exist (its backward runs its part of the exchange): one zero frame.
-        # (Also where a traced graph does not know n: the frame adds zeros.)
-        x = F.pad(x, (0, 0, 0, 0, 0, 1))
-    z = F.conv_transpose3d(x, layer.weight, None, **local)
-    # z's first frame is output frame a*s - p; the summing exchange wants
-    # the frames [start - p, end + right), cropped or padded with zeros.
-    if compiling:
-        y = torch.ops.halocp.place_sum(z, span, layer.left, layer.right, 2, _token(layer.group))
+    conv = [list(layer.stride), [0] + list(layer.padding[1:]), [0] + list(layer.output_padding[1:]), layer.groups,
+            list(layer.dilation)]
+    if is_compiling():
+        # The length of this rank's output is data (the other ranks'
+        # lengths): ops whose fake gives it as an unbacked size (_ops.py).
+        token = _token(layer.group)
+        span = torch.ops.halocp.transpose_span(x, row, token)
+        y = torch.ops.halocp.conv_transpose_sum(x, layer.weight, span, *conv, layer.left, layer.right, token)
     else:
-        y = cp_halo_sum(_place(z, *span), layer.left, layer.right, 2, layer.group)
+        span = _span(row, layer.group, x.device)
+        y = cp_halo_sum(_place(_local(x, layer.weight, conv)[0], *span), layer.left, layer.right, 2, layer.group)
     if layer.bias is not None:
         # In place: the sum's output is new, and no backward needs it.
         y = y.add_(layer.bias.view(1, -1, 1, 1, 1))
     return y
+
+
+def _local(x, weight, conv):
+    """(z, the x it convolved): x's local transposed convolution, whose first
+    frame is output frame a*s - p. An empty shard contributes nothing, but
+    its part of the graph must exist (its backward runs its part of the
+    exchange): it is convolved as one zero frame."""
+    stride, padding, output_padding, groups, dilation = conv
+    if x.shape[2] == 0:
+        x = F.pad(x, (0, 0, 0, 0, 0, 1))
+    return F.conv_transpose3d(x, weight, None, stride, padding, output_padding, groups, dilation), x
 
 
 def _span(row, group, device):
