@@ -217,6 +217,9 @@ def scenario_mismatch():
     msg = ranks.raises(lambda: compiled(torch.randn(1, 2, 4, 3, 3)), halocp.ERR_MISMATCH, "compiled strides that differ")
     expect(f"rank {ranks.WORLD - 1}: kernel 3, stride 2" in msg and "rank 0: kernel 3, stride 3" in msg,
            f"the message: {msg}")
+    tconv = torch.compile(halocp.nn.ConvTranspose3d(2, 2, 3, stride=(stride, 1, 1)), backend="aot_eager", fullgraph=True)
+    msg = ranks.raises(lambda: tconv(torch.randn(1, 2, 4, 3, 3)), halocp.ERR_MISMATCH, "compiled ConvTranspose3d strides")
+    expect(f"rank {ranks.WORLD - 1}: kernel 3, stride 2" in msg, f"the message: {msg}")
     _same(halocp.nn.CausalConv3d(2, 2, 3, stride=(2, 1, 1)), torch.randn(1, 2, 4, 3, 3), what="after the mismatch")
 
 
