@@ -241,17 +241,21 @@ def _conv_transpose_sum_backward_op(grad: Tensor, x: Tensor, weight: Tensor, spa
                                     padding: list[int], output_padding: list[int], groups: int, dilation: list[int],
                                     left: int, right: int, group: str, mask: list[bool]) -> tuple[Tensor, Tensor]:
     offset, _ = span.tolist()
-    n, grad_x_strides = x.shape[2], strides_in_order(x.shape, dim_order(x))
+    n, order = x.shape[2], dim_order(x)
     if n == 0:  # as _local convolved it
         x = torch.nn.functional.pad(x, (0, 0, 0, 0, 0, 1))
     z_frames = (x.shape[2] - 1) * stride[0] + dilation[0] * (weight.shape[2] - 1) + 1
     with torch.no_grad():  # in the forward's layout, whose plan exists
-        g = exchange.cp_halo_exchange(in_strides(grad, strides_in_order(grad.shape, dim_order(x))), left, right, 2,
+        g = exchange.cp_halo_exchange(in_strides(grad, strides_in_order(grad.shape, order)), left, right, 2,
                                       token_group(group))
     grad_z = transpose._place(g, -offset, z_frames)
     grad_x, grad_w, _ = torch.ops.aten.convolution_backward(grad_z, x, weight, None, stride, padding, dilation, True,
                                                             output_padding, groups, [mask[0], mask[1], False])
-    grad_x = x.new_empty(0) if grad_x is None else in_strides(grad_x.narrow(2, 0, n), grad_x_strides)
+    if grad_x is None:
+        grad_x = x.new_empty(0)
+    else:
+        grad_x = grad_x.narrow(2, 0, n)
+        grad_x = in_strides(grad_x, strides_in_order(grad_x.shape, order))
     return grad_x, weight.new_empty(0) if grad_w is None else grad_w
 
 

@@ -374,9 +374,10 @@ def _pad_locally(x, local, conv_padding, mode):
     halos, even when it is data to a traced graph."""
     if not any(l or r for l, r in local) or any(conv_padding):
         return x
-    # torch pads an empty tensor only with a constant (and an empty shard has no values to pad with).
-    # Under torch.compile an unbacked length (a previous layer's output
-    # count) is taken as not 0: an empty shard with no halos would fail here.
+    # torch pads an empty tensor only with a constant (and an empty shard has
+    # no values to pad with). Under torch.compile an unbacked length (a
+    # previous layer's output count) is taken as not 0: an empty shard with
+    # no halos would fail here.
     constant = mode == "zeros" or known(x.numel() == 0, False)
     return F.pad(x, [p for l, r in reversed(local) for p in (l, r)], "constant" if constant else mode)
 

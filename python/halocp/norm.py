@@ -29,6 +29,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from . import _lib
+from ._layout import known
 from ._lib import HaloError
 from ._sharding import world_and_rank
 
@@ -55,11 +56,15 @@ def _global_statistics(x, groups, group):
     acc = _compute_dtype(x.dtype)
     xg = x.reshape(n_batch, groups, -1)  # a view unless x is not contiguous (a local copy then)
     count = xg.shape[2]
-    if count:
+    # (Under torch.compile, a length that is data to the graph, a strided
+    # layer's output, takes this branch, whose mean is made 0 for no elements.)
+    if known(count != 0, True):
         # Two passes, the second over deviations from the shard's mean (torch's
         # var_mean is as exact but, on CPU, ten times slower here).
         xg = xg.to(acc)
         mean = xg.mean(2, keepdim=True)
+        if not known(count != 0, False):
+            mean = torch.where(torch.full_like(mean, count) > 0, mean, 0)
         m2 = (xg - mean).square_().sum(2)
         mean = mean.squeeze(2).double()  # in float64 from here: and the count exact past 2^24
         mine = torch.stack([torch.full_like(mean, count), mean, m2.double()])

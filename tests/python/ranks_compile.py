@@ -155,11 +155,13 @@ def _same(model, x, exact=False, what="output"):
 
 def scenario_strided():
     """The general path of the temporal layers: a temporal stride and
-    padding modes other than zeros, uneven shards, two layers in a row (the
-    second one's input length is an unbacked size)."""
+    padding modes other than zeros, uneven shards; layers after the strided
+    one (GroupNorm, a padded and a stride-1 layer) whose input length is an
+    unbacked size."""
     torch.manual_seed(11)
     model = torch.nn.Sequential(
         halocp.nn.CausalConv3d(3, 4, 3, stride=(2, 1, 1), padding=1, padding_mode="replicate"),
+        halocp.nn.GroupNorm(2, 4),
         halocp.nn.CenteredConv3d(4, 2, 3, padding=(1, 0), padding_mode="reflect"),
         halocp.nn.CausalConv3d(2, 2, 3, padding=1))
     _same(model, torch.randn(1, 3, 5 + 2 * ranks.RANK, 4, 3), what="strided and padded")
@@ -167,11 +169,13 @@ def scenario_strided():
 
 def scenario_no_output():
     """A rank whose strided convolution has no output frames (rank 1: its
-    2 frames hold no multiple of the stride), and an empty shard (rank 0):
-    both still run their part of every exchange, forward and backward."""
+    2 frames hold no multiple of the stride; GroupNorm after it gets an
+    empty shard whose length the graph does not know), and an empty shard
+    (rank 0): both still run their part of every exchange, forward and
+    backward."""
     torch.manual_seed(13)
-    layer = halocp.nn.CausalConv3d(2, 3, 3, stride=(3, 1, 1), padding=1)
-    y = _same(layer, torch.randn(1, 2, 1 + ranks.RANK, 3, 3), what="rank 1 without outputs")[0]
+    model = torch.nn.Sequential(halocp.nn.CausalConv3d(2, 4, 3, stride=(3, 1, 1), padding=1), halocp.nn.GroupNorm(2, 4))
+    y = _same(model, torch.randn(1, 2, 1 + ranks.RANK, 3, 3), what="rank 1 without outputs")[0]
     expect(y.shape[2] == 1 - ranks.RANK, f"rank {ranks.RANK} has {y.shape[2]} output frames")
     layer = halocp.nn.CenteredConv3d(2, 3, 3, stride=(2, 1, 1), padding=1, padding_mode="replicate")
     y = _same(layer, torch.randn(1, 2, 3 * ranks.RANK, 3, 3), what="rank 0 with an empty shard")[0]
