@@ -165,6 +165,9 @@ def scenario_strided():
         halocp.nn.CenteredConv3d(4, 2, 3, padding=(1, 0), padding_mode="reflect"),
         halocp.nn.CausalConv3d(2, 2, 3, padding=1))
     _same(model, torch.randn(1, 3, 5 + 2 * ranks.RANK, 4, 3), what="strided and padded")
+    x = torch.randn(2, 3, 4 + ranks.RANK, 3, 4).to(memory_format=torch.channels_last_3d)
+    y = _same(model[0], x, what="channels_last_3d")[0]
+    expect(y.is_contiguous(memory_format=torch.channels_last_3d), f"the output's strides {y.stride()}")
 
 
 def scenario_no_output():
