@@ -7,6 +7,10 @@ Outputs and gradients keep their input's memory format (channels_last,
 channels_last_3d, any dense permutation): they are allocated in the input's
 dim order and the plan is told their strides, so the library writes them in
 place, with no conversion copy.
+
+While torch.compile traces (``is_compiling``), sizes may be symbolic, and
+some are data to the graph (unbacked: a strided layer's output length);
+``dim_order`` and ``known`` answer for those without adding a guard.
 """
 
 from __future__ import annotations
