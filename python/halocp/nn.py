@@ -469,26 +469,30 @@ class _ContextParallelConv3d(torch.nn.Conv3d):
             return self.forward(x.unsqueeze(0)).squeeze(0)
         if self.grid is not None:
             return _sharded_conv(self, x, self._pads(), _tiled_dims(self.grid))
-        compiled_stride_1 = is_compiling() and self.stride[0] == 1 and self.padding_mode == "zeros"
-        empty, maybe_empty = known(x.shape[2] == 0, False), known(x.shape[2] == 0, True)
-        if compiled_stride_1 and (empty or not maybe_empty):
-            # What torch.compile traces: the exchange's custom op, then torch's
-            # convolution of the padded shard (conv3d with no temporal padding).
-            # A length that is data to the graph (a strided layer's output),
-            # alike on every rank, takes the general path below: its
-            # convolution, inside an op, minds an empty window (and inductor
-            # lowers a convolution only over sizes it has a hint for).
-            x = cp_halo_exchange(x, self.left, self.right, 2, self.group)
-            if empty:  # no output frames, but the graph that runs the exchange's backward
-                x = F.pad(x, (0, 0, 0, 0, 0, 1))
-            y = F.conv3d(x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
-            return y[:, :, :0] if empty else y
-        # The fused path's exchange takes x's device path, as every exchange does.
-        if self.stride[0] != 1 or self.padding_mode != "zeros" or compiled_stride_1:
+        if self.stride[0] != 1 or self.padding_mode != "zeros":
             return _sharded_conv(self, x, self._pads(), {0: self.group})
+        if is_compiling():
+            return self._compiled_stride_1(x)
+        # The fused path's exchange takes x's device path, as every exchange does.
         if not halo and x.shape[-3]:  # a kernel one frame long needs no context
             return F.conv3d(x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
         return _ContextParallelConv.apply(x, self.weight, self.bias, _Config(self))
+
+    def _compiled_stride_1(self, x):
+        """What torch.compile traces of a stride-1, zero-padded layer: the
+        exchange's custom op, then torch's convolution of the padded shard
+        (conv3d with no temporal padding). A length that is data to the
+        graph (a strided layer's output), alike on every rank, takes the
+        general path: its convolution, inside an op, minds an empty window
+        (and inductor lowers a convolution only over sizes it has a hint for)."""
+        empty = known(x.shape[2] == 0, False)
+        if not empty and known(x.shape[2] == 0, True):
+            return _sharded_conv(self, x, self._pads(), {0: self.group})
+        x = cp_halo_exchange(x, self.left, self.right, 2, self.group)
+        if empty:  # no output frames, but the graph that runs the exchange's backward
+            x = F.pad(x, (0, 0, 0, 0, 0, 1))
+        y = F.conv3d(x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
+        return y[:, :, :0] if empty else y
 
     def extra_repr(self) -> str:
         grid = "" if self.grid is None else f", grid={'x'.join(map(str, self.grid.shape))}"
