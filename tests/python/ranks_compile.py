@@ -119,7 +119,7 @@ def scenario_new_group():
     _check(dist.new_group(list(range(ranks.WORLD))))
 
 
-def _same(model, x, exact=False, what="output"):
+def _same(model, x, exact=False, what="output", backend="aot_eager"):
     """model compiled with fullgraph=True against model run eagerly: one
     graph, the eager output, input and parameter gradients (bit for bit
     when exact, else to rounding), and a second call that does not compile
@@ -135,7 +135,7 @@ def _same(model, x, exact=False, what="output"):
 
     want = run(model)
     torch._dynamo.reset()
-    counter = CompileCounterWithBackend("aot_eager")
+    counter = CompileCounterWithBackend(backend)
     compiled = torch.compile(model, backend=counter, fullgraph=True)
     got = run(compiled)
     expect(counter.frame_count == 1, f"{what}: torch.compile made {counter.frame_count} graphs, not 1")
@@ -246,6 +246,17 @@ def scenario_transpose():
             return halocp.cp_halo_sum(y * 2, 2, 1, 2)
 
     _same(Sum(), torch.randn(2, 1, 4 + ranks.RANK, 3, dtype=torch.float64), exact=True, what="cp_halo_sum")
+
+
+def scenario_inductor():
+    """Inductor (the default backend) on a strided layer into a
+    ConvTranspose3d: the convolutions over lengths that are data to the
+    graph run inside halocp's ops, which inductor does not lower. (About
+    20 s of compiling on a loaded 2-CPU machine with a cold cache.)"""
+    torch.manual_seed(31)
+    model = torch.nn.Sequential(halocp.nn.CausalConv3d(2, 2, 3, stride=(2, 1, 1), padding=1, padding_mode="replicate"),
+                                halocp.nn.ConvTranspose3d(2, 2, 3, stride=(2, 1, 1), padding=1))
+    _same(model, torch.randn(1, 2, 3 + 2 * ranks.RANK, 3, 3), what="inductor", backend="inductor")
 
 
 if __name__ == "__main__":
