@@ -221,11 +221,13 @@ def scenario_mismatch():
     layer = halocp.nn.CausalConv3d(2, 2, 3, stride=(stride, 1, 1))
     torch._dynamo.reset()
     compiled = torch.compile(layer, backend="aot_eager", fullgraph=True)
-    msg = ranks.raises(lambda: compiled(torch.randn(1, 2, 4, 3, 3)), halocp.ERR_MISMATCH, "compiled strides that differ")
+    x = torch.randn(1, 2, 4, 3, 3)
+    msg = ranks.raises(lambda: compiled(x), halocp.ERR_MISMATCH, "compiled strides that differ")
     expect(f"rank {ranks.WORLD - 1}: kernel 3, stride 2" in msg and "rank 0: kernel 3, stride 3" in msg,
            f"the message: {msg}")
-    tconv = torch.compile(halocp.nn.ConvTranspose3d(2, 2, 3, stride=(stride, 1, 1)), backend="aot_eager", fullgraph=True)
-    msg = ranks.raises(lambda: tconv(torch.randn(1, 2, 4, 3, 3)), halocp.ERR_MISMATCH, "compiled ConvTranspose3d strides")
+    tconv = torch.compile(halocp.nn.ConvTranspose3d(2, 2, 3, stride=(stride, 1, 1)), backend="aot_eager",
+                          fullgraph=True)
+    msg = ranks.raises(lambda: tconv(x), halocp.ERR_MISMATCH, "compiled ConvTranspose3d strides")
     expect(f"rank {ranks.WORLD - 1}: kernel 3, stride 2" in msg, f"the message: {msg}")
     _same(halocp.nn.CausalConv3d(2, 2, 3, stride=(2, 1, 1)), torch.randn(1, 2, 4, 3, 3), what="after the mismatch")
 
@@ -237,8 +239,9 @@ def scenario_transpose():
     torch.manual_seed(23)
     layer = halocp.nn.ConvTranspose3d(2, 3, (4, 3, 3), stride=(2, 1, 1), padding=1)
     _same(layer, torch.randn(1, 2, 3 * ranks.RANK, 3, 2), what="ConvTranspose3d")
-    model = torch.nn.Sequential(halocp.nn.CausalConv3d(2, 2, 3, stride=(2, 1, 1), padding=1),
-                                halocp.nn.ConvTranspose3d(2, 2, 3, stride=(2, 1, 1), padding=1, output_padding=(1, 0, 0)))
+    model = torch.nn.Sequential(
+        halocp.nn.CausalConv3d(2, 2, 3, stride=(2, 1, 1), padding=1),
+        halocp.nn.ConvTranspose3d(2, 2, 3, stride=(2, 1, 1), padding=1, output_padding=(1, 0, 0)))
     _same(model, torch.randn(1, 2, 4 + 3 * ranks.RANK, 3, 3), what="CausalConv3d then ConvTranspose3d")
 
     class Sum(torch.nn.Module):
