@@ -21,7 +21,9 @@ current CUDA stream. Two paths, chosen per communicator at run time:
   to it (and to the reference).
 
 Either way each layout keeps its buffers, laid out with dim outermost so
-that a slab is one contiguous run. Before a plan reads what torch wrote, the
+that a slab is one contiguous run, and slab-sized: they hold x's virtual
+shard (_edges), the slices the exchange reads or writes, never the whole
+shard. Before a plan reads what torch wrote, the
 stream is synchronised (an event); what the plan wrote reaches the caller's
 tensors by copies on the current stream, so the next kernels on it see it.
 Pinned buffers are not rewritten before the copies out of them have run.
@@ -99,7 +101,8 @@ class _Layout:
 
     def __init__(self, comm, x: Tensor, left, right, dim, padding_mode, direct: bool):
         self.comm, self.left, self.right, self.dim, self.padding_mode = comm, left, right, dim, padding_mode
-        self.n = n = x.shape[dim]
+        self.shape, self.n = tuple(x.shape), x.shape[dim]
+        n = self.n
         self.direct = direct
         self.device = x.device
         self.cuda = x.device.type == "cuda"
@@ -108,17 +111,19 @@ class _Layout:
             kw["device"] = x.device
         elif self.cuda:
             kw["pin_memory"] = True
-        # The slices x sends: its first `right` (to the left neighbours'
-        # right halos) and its last `left`, clamped to the shard. A padding
-        # other than zeros fills the slots beyond the sequence from slices
-        # that may lie anywhere in a shard: then the whole shard is staged.
+        # The buffers hold x's virtual shard (see _edges): its first `a` and
+        # last `b` slices, or all n when they would meet.
+        a, b = _edges(left, right, padding_mode)
+        self.cut = a + b < n
+        self.a, self.b = (a, b) if self.cut else (n, 0)
+        shard = _halo_shape(x.shape, dim, self.a + self.b)
+        # The slices the neighbours' halo gradients come back to: x's first
+        # `right` and last `left`, clamped to the shard.
         self.r_sent, self.l_sent = min(right, n), min(left, n)
-        if padding_mode != "zeros":
-            self.r_sent = self.l_sent = n
-        self.x = _outermost(x.shape, dim, **kw)
-        self.gx = _outermost(x.shape, dim, **kw)
         # Every slab one run of memory: no I/O vectors, which UCX's CUDA
         # protocols may not take, and one memcpy per staging copy.
+        self.x = _outermost(shard, dim, **kw)
+        self.gx = _outermost(shard, dim, **kw)
         self.lh = _outermost(_halo_shape(x.shape, dim, left), dim, **kw)
         self.rh = _outermost(_halo_shape(x.shape, dim, right), dim, **kw)
         self.gl = _outermost(_halo_shape(x.shape, dim, left), dim, **kw)
@@ -136,15 +141,19 @@ class _Layout:
         return self.comm.plan(key, lambda: buffer_params(self.x, self.lh, self.rh, self.gl, self.gr, self.gx,
                                                          self.left, self.right, self.dim, memory, self.padding_mode))
 
-    def _slabs(self, t: Tensor):
-        """The slices of x's layout that the exchange reads or writes: one
-        range when they meet, else the first and the last. (Zero padding
-        reads nothing else; a padding that copies x's edge slices into the
-        halos beyond the sequence needs the edge ranks' edge slices too.)"""
-        n, r, l = self.n, self.r_sent, self.l_sent
-        if r + l >= n:
-            return [t.narrow(self.dim, 0, n)] if n else []
-        return [s for s in (t.narrow(self.dim, 0, r), t.narrow(self.dim, n - l, l)) if s.shape[self.dim]]
+    def _slabs(self, t: Tensor, buf: Tensor):
+        """(slab of t, slab of buf) pairs: the slices of x's layout that the
+        exchange reads or writes (t: x, or a tensor of its shape) and where
+        they lie in buf, one of the layout's buffers of the virtual shard."""
+        a, b, n, d = self.a, self.b, self.n, self.dim
+        if not self.cut:
+            return [(t, buf)] if n else []
+        pairs = [(t.narrow(d, 0, a), buf.narrow(d, 0, a)), (t.narrow(d, n - b, b), buf.narrow(d, a, b))]
+        return [p for p in pairs if p[0].shape[d]]
+
+    def middle(self, t: Tensor) -> Tensor:
+        """The slices of t (x's shape) that are not in the virtual shard."""
+        return t.narrow(self.dim, self.a, self.n - self.a - self.b)
 
     def _copy(self, dst: Tensor, src: Tensor) -> None:
         """dst <- src on the current stream, one of them (a slab of) a buffer
@@ -176,10 +185,10 @@ class _Layout:
         if self.fwd is not None and not self.fwd.finished:
             # Refused before the buffers it still sends from are touched.
             raise HaloError(_lib.ERR_INVALID_STATE, f"halocp: rank {self.comm.rank}: an exchange of this layout "
-                            f"(shape {tuple(self.x.shape)}, dim {self.dim}) is already in flight (wait for it first)")
+                            f"(shape {self.shape}, dim {self.dim}) is already in flight (wait for it first)")
         if self.fwd_read is not None:
             self.fwd_read.synchronize()
-        for dst, src in zip(self._slabs(self.x), self._slabs(x)):
+        for src, dst in self._slabs(x, self.x):
             self._copy(dst, src)
         if self.direct:  # a CUDA plan leaves the slices beyond the sequence alone
             self.lh.zero_()
@@ -219,11 +228,11 @@ class _Layout:
             self.bwd_read.synchronize()
         self._copy(self.gl, grad_left)
         self._copy(self.gr, grad_right)
-        mine, theirs = self._slabs(grad_x), self._slabs(self.gx)
-        for dst, src in zip(theirs, mine):
-            if self.direct:
-                dst.zero_()  # +0 where nothing arrives: the reference adds zeros there
-            else:
+        slabs = self._slabs(grad_x, self.gx)
+        if self.direct:
+            self.gx.zero_()  # +0 where nothing arrives: the reference adds zeros there
+        else:
+            for src, dst in slabs:
                 self._copy(dst, src)
         self._ready()
         stream = torch.cuda.current_stream(self.device) if self.cuda else None
@@ -232,21 +241,26 @@ class _Layout:
         @torch.no_grad()
         def finish():
             with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
-                self._added(grad_x, mine, theirs)
+                self._added(grad_x, slabs)
 
         return pending, finish
 
-    def _added(self, grad_x: Tensor, mine, theirs) -> None:
+    def _added(self, grad_x: Tensor, slabs) -> None:
         if not self.direct:
-            for dst, src in zip(mine, theirs):
+            for dst, src in slabs:
                 self._copy(dst, src)
+            if self.cut and self.padding_mode != "zeros":
+                # These modes' backward (F.pad's, which a host plan follows)
+                # adds +0 to every slice the padding slots do not feed:
+                # the middle, which the plan never sees, gets it here.
+                self.middle(grad_x).add_(0.0)
             self.bwd_read = self._reads_queued()
             return
         # The reference's order: the right neighbour's gradient (x's last
         # `left` slices), then the left neighbour's (its first `right`).
-        n, d = self.n, self.dim
-        grad_x.narrow(d, n - self.l_sent, self.l_sent).add_(self.gx.narrow(d, n - self.l_sent, self.l_sent))
-        grad_x.narrow(d, 0, self.r_sent).add_(self.gx.narrow(d, 0, self.r_sent))
+        n, nv, d, l, r = self.n, self.a + self.b, self.dim, self.l_sent, self.r_sent
+        grad_x.narrow(d, n - l, l).add_(self.gx.narrow(d, nv - l, l))
+        grad_x.narrow(d, 0, r).add_(self.gx.narrow(d, 0, r))
         self.bwd_read = self._reads_queued()
 
     def add_grads(self, grad_left: Tensor, grad_right: Tensor, grad_x: Tensor) -> None:
@@ -254,6 +268,32 @@ class _Layout:
         pending, finish = self.start_add(grad_left, grad_right, grad_x)
         pending.finish(block=True)
         finish()
+
+
+def _edges(left, right, padding_mode) -> tuple:
+    """(a, b): a shard longer than a + b keeps only its first a and last b
+    slices in its layout's buffers (its virtual shard, all its plan sees);
+    a shorter one keeps all its slices.
+
+    The exchange reads and writes no other slice. The ranks before a shard
+    take at most its first `right` slices as right halo, the ranks after it
+    at most its last `left`; a halo that reaches past a shard (multi-hop)
+    passes only through shards no longer than the halo, which are kept
+    whole, so every halo window, and where each halo gradient goes back,
+    is the same slices as with whole shards: the same bytes on the wire. A
+    padding other than zeros fills the slots beyond the sequence from its
+    ends, which the virtual sequence keeps at the same distance from each
+    end: replicate the edge slice (a, b >= 1), reflect `left` + 1 and
+    `right` + 1 slices (the edge is skipped), circular the first `right` and
+    last `left` (kept anyway). The plan sees virtual lengths: the one error
+    that names a length (a reflect or circular halo longer than the
+    sequence) comes only when no shard was cut, so it names the real one."""
+    a, b = right, left
+    if padding_mode == "replicate":
+        a, b = max(a, min(left, 1)), max(b, min(right, 1))
+    elif padding_mode == "reflect":
+        a, b = max(a, left + 1 if left else 0), max(b, right + 1 if right else 0)
+    return a, b
 
 
 def buffer_params(x, lh, rh, gl, gr, gx, left, right, dim, memory, padding_mode="zeros"):

@@ -139,5 +139,78 @@ def scenario_staged_nn():
            f"close() kept state: {comm.routes}, {comm.cuda_layouts}, {comm.dropped}, {comm.cuda_path}, {comm.handle}")
 
 
+# ------------------------------------------------------------ issue 19 §3
+# Slab-sized buffers: a layout's buffers hold its virtual shard (the slices
+# the exchange reads or writes), never the whole shard.
+
+# (shard lengths by rank, left, right): long shards that are cut, empty and
+# short ones that halos pass through (multi-hop), a causal and an
+# anti-causal one; taken for the first WORLD ranks.
+SLAB_CASES = [([9, 0, 2, 12], 2, 1), ([1, 10, 0, 7], 3, 2), ([11, 2, 13, 1], 0, 3), ([8, 7, 1, 10], 2, 0)]
+
+
+def _forms(x, left, right, dim, mode, grad):
+    """Every public form on a copy of x, forward and backward: a list of
+    (what, tensor) to compare, bit for bit, with another path's."""
+    got = []
+    n = x.shape[dim]
+    for name, start in (("cp_halo_exchange", False), ("cp_halo_exchange_start", True)):
+        xc = x.detach().clone().requires_grad_()
+        y = (halocp.cp_halo_exchange_start(xc, left, right, dim, padding_mode=mode).wait() if start
+             else halocp.cp_halo_exchange(xc, left, right, dim, padding_mode=mode))
+        y.backward(grad)
+        got += [(name, y.detach()), (name + " backward", xc.grad)]
+    for name, start in (("halo_exchange_", False), ("halo_exchange_start_", True)):
+        xc = x.detach().clone().requires_grad_()
+        padded = torch.full(grad.shape, float("nan"), dtype=x.dtype)
+        padded.narrow(dim, left, n).copy_(xc)
+        y = (halocp.halo_exchange_start_(padded, left, right, dim, padding_mode=mode).wait() if start
+             else halocp.halo_exchange_(padded, left, right, dim, padding_mode=mode))
+        y.backward(grad)
+        got += [(name, y.detach()), (name + " backward", xc.grad)]
+    for name, start in (("halos", False), ("halos_start", True)):
+        xc = x.detach().clone().requires_grad_()
+        lh, rh = (halocp.halos_start(xc, left, right, dim, padding_mode=mode).wait() if start
+                  else halocp.halos(xc, left, right, dim, padding_mode=mode))
+        torch.autograd.backward([lh, rh], [grad.narrow(dim, 0, left), grad.narrow(dim, left + n, right)])
+        got += [(name + " left", lh.detach()), (name + " right", rh.detach()), (name + " backward", xc.grad)]
+    return got
+
+
+def scenario_slabs():
+    """Every padding mode, float32 and bfloat16, uneven shards (cut long
+    ones, empty ones, ones shorter than the halos, multi-hop), every form
+    forward and backward: the staged path's results bit for bit the host
+    path's; and a long shard's buffers hold its first `right` and last
+    `left` slices only (zero padding: right + left slices, not the shard)."""
+    comm = halocp.communicator()
+    for mode in ("zeros", "replicate", "reflect", "circular"):
+        for case, (lengths, left, right) in enumerate(SLAB_CASES):
+            lengths = lengths[:ranks.WORLD]
+            if mode == "reflect" and max(left, right) >= sum(lengths):
+                continue
+            for dtype in (torch.float32, torch.bfloat16):
+                gen = torch.Generator().manual_seed(100 * case + ranks.RANK)
+                dim, n = 1, lengths[ranks.RANK]
+                x = ranks.random_values((2, n, 3), dtype, gen)
+                grad = ranks.random_values((2, n + left + right, 3), dtype, gen)
+                what = f"{mode}, {dtype}, lengths {lengths}, left {left}, right {right}"
+                want = _forms(x, left, right, dim, mode, grad)
+                with _cuda.stage_cpu():
+                    got = _forms(x, left, right, dim, mode, grad)
+                for (name, g), (_, w) in zip(got, want):
+                    ranks.expect_bits(g, w, f"staged {name}, {what}")
+                if mode == "zeros" and n > left + right:
+                    key = (x.device, dtype, dim, left, right, tuple(x.shape), mode)
+                    lay = comm.cuda_layouts[key]
+                    slab = 2 * 3 * (left + right)
+                    expect(lay.x.numel() == slab and lay.gx.numel() == slab,
+                           f"{what}: a shard of {n} slices is staged through buffers of {lay.x.numel()} and "
+                           f"{lay.gx.numel()} elements, not its {left} + {right} boundary slices ({slab})")
+                for lay in comm.cuda_layouts.values():
+                    expect(lay.x.shape[lay.dim] <= min(lay.n, 2 * (lay.left + lay.right) + 2),
+                           f"{what}: a buffer of {lay.x.shape[lay.dim]} slices for a shard of {lay.n}")
+
+
 if __name__ == "__main__":
     ranks.main(globals())
