@@ -23,14 +23,25 @@ current CUDA stream. Two paths, chosen per communicator at run time:
 Either way each layout keeps its buffers, laid out with dim outermost so
 that a slab is one contiguous run, and slab-sized: they hold x's virtual
 shard (_edges), the slices the exchange reads or writes, never the whole
-shard. Before a plan reads what torch wrote, the
-stream is synchronised (an event); what the plan wrote reaches the caller's
-tensors by copies on the current stream, so the next kernels on it see it.
-Pinned buffers are not rewritten before the copies out of them have run.
+shard.
 
-CPU tensors take the host path, unless ``stage_cpu(True)`` routes them
-through the staging path here: the tests and the GPU check's dry run use it
-to run this code without a GPU.
+Streams. Direct: an exchange is started on the current stream
+(halo_exchange_start with its handle): it begins after the copies into the
+buffers queued there, and the caller is not blocked; it is finished by
+making the stream current at the wait (or at the backward's finish) wait
+for it, which then reads the results by copies queued on it, so a
+``*_start(...).wait()`` under another stream is ordered too. Staged: the
+stream is synchronised before the host plan reads the buffers and the host
+waits for the exchange; the results go to the caller's tensors by copies on
+the stream current at the wait. Buffers are not rewritten before the copies
+out of them have run (the next start waits for them: the stream, direct;
+the host, staged).
+
+CPU tensors take the host path, unless ``stage_cpu`` routes them through
+this module: True the staging path, "direct" the direct path's code on
+host-memory plans and the streams of libhalo's host emulation of the CUDA
+driver. The tests and the GPU check's dry run use it to run this code
+without a GPU.
 """
 
 from __future__ import annotations
@@ -48,17 +59,34 @@ from ._lib import HaloError
 DIRECT, STAGED = "direct", "staged"
 
 _stage_cpu = False
+# The stream of the direct path's CPU test switch: any non-zero handle is a
+# stream of libhalo's host emulation of the CUDA driver.
+_FAKE_STREAM = 0x5717E
 
 
 @contextlib.contextmanager
-def stage_cpu(on: bool = True):
-    """Within the block, CPU tensors take the staging path (as a GPU's would)."""
+def stage_cpu(on=True):
+    """Within the block, CPU tensors take this module's code, as a GPU's
+    would: True, the staging path; ``"direct"``, the direct path's code,
+    with host-memory plans started on a stream of libhalo's host emulation
+    of the CUDA driver (the communicator must be made with
+    HALO_CUDA_DRIVER=host-fake). A host plan takes layouts a CUDA plan
+    refuses, so under "direct" only those a CUDA plan takes (a padding
+    other than zeros is refused by the plan's creation, and staged) give
+    a CUDA plan's results: every shard as long as left + right."""
+    if on not in (False, True, DIRECT):
+        raise ValueError(f"halocp: stage_cpu({on!r}): expected True, False or {DIRECT!r}")
     global _stage_cpu
     before, _stage_cpu = _stage_cpu, on
     try:
         yield
     finally:
         _stage_cpu = before
+
+
+def stage_cpu_mode():
+    """stage_cpu's setting now (False outside it)."""
+    return _stage_cpu
 
 
 def wanted(t: Tensor) -> bool:
@@ -128,6 +156,10 @@ class _Layout:
         self.rh = _outermost(_halo_shape(x.shape, dim, right), dim, **kw)
         self.gl = _outermost(_halo_shape(x.shape, dim, left), dim, **kw)
         self.gr = _outermost(_halo_shape(x.shape, dim, right), dim, **kw)
+        if direct and not self.cuda:
+            # The CPU test switch makes a host plan once a CUDA plan's
+            # creation (local) has taken the layout, as it would on a GPU.
+            _lib.Plan(comm, self._params(_lib.MEMORY_CUDA))
         self.plan = self._plan()
         # Copies out of pinned buffers still to run before they are rewritten.
         self.fwd_read = self.bwd_read = None
@@ -136,10 +168,13 @@ class _Layout:
     def _plan(self):
         key = ("cuda" if self.direct else "staged", self.x.dtype, self.dim, self.left, self.right, tuple(self.x.shape),
                self.padding_mode)
-        memory = _lib.MEMORY_CUDA if self.direct else _lib.MEMORY_HOST
+        memory = _lib.MEMORY_CUDA if self.direct and self.cuda else _lib.MEMORY_HOST
         _inflight.settle(self.comm)
-        return self.comm.plan(key, lambda: buffer_params(self.x, self.lh, self.rh, self.gl, self.gr, self.gx,
-                                                         self.left, self.right, self.dim, memory, self.padding_mode))
+        return self.comm.plan(key, lambda: self._params(memory))
+
+    def _params(self, memory):
+        return buffer_params(self.x, self.lh, self.rh, self.gl, self.gr, self.gx, self.left, self.right, self.dim,
+                             memory, self.padding_mode)
 
     def _slabs(self, t: Tensor, buf: Tensor):
         """(slab of t, slab of buf) pairs: the slices of x's layout that the
@@ -163,20 +198,49 @@ class _Layout:
         dst.movedim(self.dim, 0).copy_(src.movedim(self.dim, 0), non_blocking=True)
 
     def _ready(self):
-        """Everything queued on the current stream so far has run: the
-        buffers hold what torch wrote."""
+        """Staged: everything queued on the current stream so far has run,
+        so the buffers hold what torch wrote (the host plan reads them)."""
         if self.cuda:
             torch.cuda.current_stream(self.device).synchronize()
 
     def _reads_queued(self):
         """An event after the copies just queued out of the buffers: the
-        next exchange must not rewrite them (from the CPU, or by the wire
-        after synchronising another stream) before it has passed."""
+        next exchange must not rewrite them before it has passed."""
         if self.cuda:
             e = torch.cuda.Event()
             e.record(torch.cuda.current_stream(self.device))
             return e
         return None
+
+    def _after_reads(self, event) -> None:
+        """Before the buffers are rewritten: the copies out of them (the
+        event) have run. Direct: the current stream waits for them (the
+        exchange, ordered on it, comes after too); staged: the host, whose
+        plan writes them."""
+        if event is None:
+            return
+        if self.direct:
+            torch.cuda.current_stream(self.device).wait_event(event)
+        else:
+            event.synchronize()
+
+    def _stream(self) -> int:
+        """The current stream's handle for the library: CUDA's current
+        stream, or the host emulation's stream (CPU tensors)."""
+        if self.cuda:
+            return _lib.stream_handle(torch.cuda.current_stream(self.device).cuda_stream)
+        return _FAKE_STREAM
+
+    def _start(self, call, *buffers) -> _inflight.Pending:
+        """Start the plan's exchange of the buffers, after the work queued
+        so far: direct, ordered on the current stream (the caller is not
+        blocked; for CPU tensors the host waits at the finish as well);
+        staged, once the stream has run it, on the host."""
+        if self.direct:
+            return _inflight.start(self.plan, call, *buffers, stream=self._stream(), waiter=self._stream,
+                                   host_wait=not self.cuda)
+        self._ready()
+        return _inflight.start(self.plan, call, *buffers)
 
     @torch.no_grad()  # buffers and results are the library's writes, not autograd's
     def start_halos(self, x: Tensor) -> _inflight.Pending:
@@ -186,26 +250,22 @@ class _Layout:
             # Refused before the buffers it still sends from are touched.
             raise HaloError(_lib.ERR_INVALID_STATE, f"halocp: rank {self.comm.rank}: an exchange of this layout "
                             f"(shape {self.shape}, dim {self.dim}) is already in flight (wait for it first)")
-        if self.fwd_read is not None:
-            self.fwd_read.synchronize()
+        self._after_reads(self.fwd_read)
         for src, dst in self._slabs(x, self.x):
             self._copy(dst, src)
         if self.direct:  # a CUDA plan leaves the slices beyond the sequence alone
             self.lh.zero_()
             self.rh.zero_()
-        self._ready()
-        self.stream = torch.cuda.current_stream(self.device) if self.cuda else None
-        self.fwd = _inflight.start(self.plan, _inflight.HALOS_FORWARD, self.x, self.lh, self.rh)
+        self.fwd = self._start(_inflight.HALOS_FORWARD, self.x, self.lh, self.rh)
         return self.fwd
 
     @torch.no_grad()
     def finish_halos(self, left: Tensor, right: Tensor) -> None:
         """Copy the halos of the finished exchange into left and right, on
-        the stream that started it."""
-        with torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext():
-            self._copy(left, self.lh)
-            self._copy(right, self.rh)
-            self.fwd_read = self._reads_queued()
+        the current stream (the one that waited for it, which reads them)."""
+        self._copy(left, self.lh)
+        self._copy(right, self.rh)
+        self.fwd_read = self._reads_queued()
 
     def start_into(self, x: Tensor, left: Tensor, right: Tensor, result):
         """start_halos of x, and a finish() that writes the halos into left
@@ -222,26 +282,25 @@ class _Layout:
     def start_add(self, grad_left: Tensor, grad_right: Tensor, grad_x: Tensor):
         """Start sending the halo gradients back; the returned finish() adds
         the neighbours' into grad_x (x's shape, on its device, holding the
-        rest of x's gradient) once the exchange has finished, on the stream
-        that started it."""
-        if self.bwd_read is not None:
-            self.bwd_read.synchronize()
+        rest of x's gradient) once the exchange has finished, on the current
+        stream."""
+        self._after_reads(self.bwd_read)
         self._copy(self.gl, grad_left)
         self._copy(self.gr, grad_right)
         slabs = self._slabs(grad_x, self.gx)
         if self.direct:
-            self.gx.zero_()  # +0 where nothing arrives: the reference adds zeros there
+            # +0 where nothing arrives: the reference adds zeros there. A
+            # host plan (CPU tensors) adds what arrives instead of writing
+            # it: -0 + g is g, bit for bit, and the edge ranks' +0 gives +0.
+            self.gx.fill_(0.0 if self.cuda else -0.0)
         else:
             for src, dst in slabs:
                 self._copy(dst, src)
-        self._ready()
-        stream = torch.cuda.current_stream(self.device) if self.cuda else None
-        pending = _inflight.start(self.plan, _inflight.HALOS_BACKWARD, self.gl, self.gr, self.gx)
+        pending = self._start(_inflight.HALOS_BACKWARD, self.gl, self.gr, self.gx)
 
         @torch.no_grad()
         def finish():
-            with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
-                self._added(grad_x, slabs)
+            self._added(grad_x, slabs)
 
         return pending, finish
 
@@ -310,7 +369,7 @@ def _layout(comm, x: Tensor, left, right, dim, padding_mode) -> _Layout:
     if left < 0 or right < 0:  # before any buffer is sized by them
         raise HaloError(_lib.ERR_INVALID_ARGUMENT, f"halocp: halo sizes must not be negative (left {left}, right {right})")
     cache = comm.cuda_layouts
-    key = (x.device, x.dtype, dim, left, right, tuple(x.shape), padding_mode)
+    key = (x.device, x.is_cpu and _stage_cpu, x.dtype, dim, left, right, tuple(x.shape), padding_mode)
     lay = cache.get(key)
     if lay is not None:
         cache.move_to_end(key)
@@ -318,7 +377,7 @@ def _layout(comm, x: Tensor, left, right, dim, padding_mode) -> _Layout:
         # (a miss remakes it).
         lay.plan = lay._plan()
         return lay
-    direct = x.device.type == "cuda" and _path(comm) == DIRECT
+    direct = _path(comm) == DIRECT if x.is_cuda else _stage_cpu == DIRECT
     if direct:
         try:
             lay = _Layout(comm, x, left, right, dim, padding_mode, True)

@@ -72,6 +72,16 @@ PLAN_PARAM_DEFERRED = 1 << 11
 # halo_direction_t
 DIR_FORWARD, DIR_BACKWARD = 0, 1
 
+# A CUDA stream's handle as halo_exchange_start takes it: CUDA's default
+# stream, whose handle is 0, is CU_STREAM_LEGACY (a NULL stream means none).
+CU_STREAM_LEGACY = 0x1
+
+
+def stream_handle(cuda_stream: int) -> int:
+    """halo_exchange_start's stream argument for a CUstream (torch's
+    ``Stream.cuda_stream``)."""
+    return cuda_stream or CU_STREAM_LEGACY
+
 
 class Call(enum.IntEnum):
     """What a plan call does (Plan.run's first argument)."""
@@ -392,8 +402,16 @@ class Plan:
     request that is tested, waited for and freed; destroyed when dropped.
 
     ``comm`` is halocp's Communicator: its ``handle``, its ``lock`` (one
-    thread in the library per communicator) and ``closed`` (its plans went
-    with it) are what this reads.
+    thread in the library per communicator), ``closed`` (its plans went
+    with it) and ``streamed`` (the stream-ordered requests not yet freed)
+    are what this uses.
+
+    While a stream-ordered exchange is in flight, the library's proxy
+    thread uses the communicator: the header allows no call on it but
+    request calls and more stream-ordered starts. So every other call here
+    (a plan's creation, a blocking call, a start without a stream) first
+    waits on the host until the stream-ordered ones have ended (their
+    requests keep their results for their owners).
     """
 
     __slots__ = ("comm", "handle")
@@ -401,26 +419,35 @@ class Plan:
     def __init__(self, comm, params: PlanParams):
         self.comm, self.handle = comm, None
         handle = ctypes.c_void_p()
-        check(lib().halo_plan_create(comm.handle, ctypes.byref(params), ctypes.byref(handle)), "halo_plan_create")
+        with comm.lock:
+            _quiesce(comm)
+            check(lib().halo_plan_create(comm.handle, ctypes.byref(params), ctypes.byref(handle)), "halo_plan_create")
         self.handle = handle.value
 
     def run(self, call: Call, *pointers: int) -> None:
         """The blocking call on the buffers' addresses, in the header's
         argument order: one C call per exchange."""
         with self.comm.lock:
+            if self.comm.streamed:
+                _quiesce(self.comm)
             rc = _call_fns[call](self.handle, *pointers)
             if rc:
                 raise error(rc, _CALL_NAMES[call])
 
-    def start(self, call: Call, pointers) -> int:
+    def start(self, call: Call, pointers, stream: int | None = None) -> int:
         """halo_exchange_start in call's direction on the buffers' addresses
-        (the blocking call's, in its order), on the host (no stream); the
-        request, for test, wait and free."""
+        (the blocking call's, in its order), on the host (stream None) or
+        ordered on a stream (a stream_handle); the request, for test, wait
+        and free."""
         buffers = (ctypes.c_void_p * len(pointers))(*pointers)
         request = ctypes.c_void_p()
         with self.comm.lock:
-            check(lib().halo_exchange_start(self.handle, int(call.direction), buffers, len(pointers), None,
+            if stream is None and self.comm.streamed:
+                _quiesce(self.comm)
+            check(lib().halo_exchange_start(self.handle, int(call.direction), buffers, len(pointers), stream,
                                             ctypes.byref(request)), "halo_exchange_start")
+            if stream is not None:
+                self.comm.streamed[request.value] = None
         return request.value
 
     def test(self, request: int) -> bool:
@@ -430,15 +457,22 @@ class Plan:
             check(lib().halo_request_test(request, ctypes.byref(done)), "halo_request_test")
         return done.value == 1
 
-    def wait(self, request: int) -> None:
-        """Finish a started exchange (within the communicator's timeout)."""
+    def wait(self, request: int, stream: int | None = None) -> None:
+        """Finish a started exchange: on the host (stream None; within the
+        communicator's timeout), or make a stream (a stream_handle) wait
+        for it, returning at once (its error is then the request's test's
+        or host wait's)."""
         with self.comm.lock:
-            check(lib().halo_request_wait(request, None), "halo_request_wait")
+            check(lib().halo_request_wait(request, stream), "halo_request_wait")
 
-    def free(self, request: int) -> None:
-        """Release a request that has ended (finished or failed)."""
+    def free(self, request: int) -> bool:
+        """Release a request that has ended (finished or failed); False,
+        and the request kept, when its exchange has not ended yet."""
         with self.comm.lock:
-            lib().halo_request_free(request)
+            if lib().halo_request_free(request) != SUCCESS:
+                return False
+            self.comm.streamed.pop(request, None)
+            return True
 
     def __del__(self):
         # Local and never hangs. A plan evicted from a cache lives on while
@@ -451,6 +485,13 @@ class Plan:
                     lib().halo_plan_destroy(handle)
             except Exception:  # interpreter shutdown
                 pass
+
+
+def _quiesce(comm) -> None:
+    """Wait on the host until every stream-ordered exchange on comm has
+    ended (under comm.lock). Their errors stay with their requests."""
+    for request in list(comm.streamed):
+        lib().halo_request_wait(request, None)
 
 
 def check(rc: int, what: str) -> None:

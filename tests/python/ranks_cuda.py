@@ -201,7 +201,7 @@ def scenario_slabs():
                 for (name, g), (_, w) in zip(got, want):
                     ranks.expect_bits(g, w, f"staged {name}, {what}")
                 if mode == "zeros" and n > left + right:
-                    key = (x.device, dtype, dim, left, right, tuple(x.shape), mode)
+                    key = (x.device, True, dtype, dim, left, right, tuple(x.shape), mode)
                     lay = comm.cuda_layouts[key]
                     slab = 2 * 3 * (left + right)
                     expect(lay.x.numel() == slab and lay.gx.numel() == slab,
@@ -210,6 +210,75 @@ def scenario_slabs():
                 for lay in comm.cuda_layouts.values():
                     expect(lay.x.shape[lay.dim] <= min(lay.n, 2 * (lay.left + lay.right) + 2),
                            f"{what}: a buffer of {lay.x.shape[lay.dim]} slices for a shard of {lay.n}")
+
+
+# ------------------------------------------------------------ issue 19 §2, §4
+# The direct path's code on CPU memory (stage_cpu("direct")): host plans
+# started on streams of libhalo's host emulation of the driver
+# (HALO_CUDA_DRIVER=host-fake, set by test_cuda.py), finished by a stream
+# wait and a host wait. Only layouts a CUDA plan takes: every shard at least
+# left + right long (empty ones where no halo passes through them).
+DIRECT_CASES = [([7, 5, 9, 4], 2, 1), ([3, 8, 6, 11], 1, 2), ([6, 6, 6, 6], 3, 3), ([10, 4, 5, 0], 3, 0),
+                ([9, 12, 7, 8], 0, 4)]
+
+
+def _direct_layouts(comm) -> list:
+    return [lay for lay in comm.cuda_layouts.values() if lay.direct]
+
+
+def scenario_direct():
+    """Every form, float32 and bfloat16, forward and backward, cut and whole
+    shards: the direct path's results bit for bit the host path's; the
+    exchanges went through stream-ordered requests (freed once ended);
+    another mode than zeros is staged (a CUDA plan's creation refuses it);
+    a host exchange while a stream-ordered one is in flight waits for it."""
+    comm = halocp.communicator()
+    for case, (lengths, left, right) in enumerate(DIRECT_CASES):
+        lengths = lengths[:ranks.WORLD]
+        for dtype in (torch.float32, torch.bfloat16):
+            gen = torch.Generator().manual_seed(100 * case + ranks.RANK)
+            dim, n = 1, lengths[ranks.RANK]
+            x = ranks.random_values((2, n, 3), dtype, gen)
+            grad = ranks.random_values((2, n + left + right, 3), dtype, gen)
+            what = f"{dtype}, lengths {lengths}, left {left}, right {right}"
+            want = _forms(x, left, right, dim, "zeros", grad)
+            before = len(_direct_layouts(comm))
+            with _cuda.stage_cpu("direct"):
+                got = _forms(x, left, right, dim, "zeros", grad)
+            expect(len(_direct_layouts(comm)) > before, f"{what}: stage_cpu('direct') did not take the direct path")
+            for (name, g), (_, w) in zip(got, want):
+                ranks.expect_bits(g, w, f"direct {name}, {what}")
+            expect(not comm.streamed and not comm.waited,
+                   f"{what}: stream-ordered requests left: {len(comm.streamed)} in flight, {len(comm.waited)} waited")
+            if n > left + right:
+                lay = next(lay for lay in _direct_layouts(comm) if lay.shape == tuple(x.shape) and lay.x.dtype == dtype)
+                expect(lay.x.shape[dim] == left + right, f"{what}: a direct buffer of {lay.x.shape[dim]} slices")
+    # Another mode: a CUDA plan's creation refuses it, the layout is staged.
+    x = torch.randn(2, 5, 3)
+    want = halocp.cp_halo_exchange(x, 1, 2, 1, padding_mode="replicate")
+    with _cuda.stage_cpu("direct"):
+        got = halocp.cp_halo_exchange(x, 1, 2, 1, padding_mode="replicate")
+        lay = _cuda._layout(comm, x, 1, 2, 1, "replicate")
+    ranks.expect_bits(got, want, "replicate under stage_cpu('direct')")
+    expect(not lay.direct, "a replicate layout took the direct path")
+    # A host exchange (the staged replicate one) while a stream-ordered one
+    # is in flight: the host waits for it first (the library allows no other
+    # call meanwhile), and both are right.
+    y = torch.randn(2, 6, 3)
+    want_y = halocp.cp_halo_exchange(y, 2, 1, 1)
+    with _cuda.stage_cpu("direct"):
+        started = halocp.cp_halo_exchange_start(y, 2, 1, 1)
+        expect(comm.streamed, "the direct path's start made no stream-ordered request")
+        got = halocp.cp_halo_exchange(x, 1, 2, 1, padding_mode="replicate")
+        got_y = started.wait()
+    ranks.expect_bits(got, want, "a staged exchange while a stream-ordered one was in flight")
+    ranks.expect_bits(got_y, want_y, "a stream-ordered exchange waited for after a staged one")
+    try:
+        with _cuda.stage_cpu("sideways"):
+            pass
+        raise ranks.Failure("stage_cpu('sideways') was accepted")
+    except ValueError as e:
+        expect("'sideways'" in str(e), str(e))
 
 
 if __name__ == "__main__":
