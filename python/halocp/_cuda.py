@@ -122,6 +122,10 @@ def _empty(fmt: tuple) -> Tensor:
     return empty_in_order(*fmt)
 
 
+class _Refused(Exception):
+    """A CUDA plan refused its layout in its first exchange, on every rank."""
+
+
 class _Layout:
     """One layout's plan and buffers: on the device for a CUDA plan
     (direct), in pinned host memory for a host plan (staged; plain host
@@ -129,38 +133,42 @@ class _Layout:
 
     def __init__(self, comm, x: Tensor, left, right, dim, padding_mode, direct: bool):
         self.comm, self.left, self.right, self.dim, self.padding_mode = comm, left, right, dim, padding_mode
-        self.shape, self.n = tuple(x.shape), x.shape[dim]
-        n = self.n
-        self.direct = direct
-        self.device = x.device
+        self.shape, self.n, self.dtype, self.device = tuple(x.shape), x.shape[dim], x.dtype, x.device
         self.cuda = x.device.type == "cuda"
-        kw = {"dtype": x.dtype}
-        if direct:
-            kw["device"] = x.device
-        elif self.cuda:
-            kw["pin_memory"] = True
+        n = self.n
         # The buffers hold x's virtual shard (see _edges): its first `a` and
         # last `b` slices, or all n when they would meet.
         a, b = _edges(left, right, padding_mode)
         self.cut = a + b < n
         self.a, self.b = (a, b) if self.cut else (n, 0)
-        shard = _halo_shape(x.shape, dim, self.a + self.b)
         # The slices the neighbours' halo gradients come back to: x's first
         # `right` and last `left`, clamped to the shard.
         self.r_sent, self.l_sent = min(right, n), min(left, n)
+        self._allocate(direct)
+
+    def _allocate(self, direct: bool) -> None:
+        """The buffers and the plan of the direct or the staged path."""
+        self.direct, dim = direct, self.dim
+        kw = {"dtype": self.dtype}
+        if direct:
+            kw["device"] = self.device
+        elif self.cuda:
+            kw["pin_memory"] = True
         # Every slab one run of memory: no I/O vectors, which UCX's CUDA
         # protocols may not take, and one memcpy per staging copy.
+        shard = _halo_shape(self.shape, dim, self.a + self.b)
         self.x = _outermost(shard, dim, **kw)
         self.gx = _outermost(shard, dim, **kw)
-        self.lh = _outermost(_halo_shape(x.shape, dim, left), dim, **kw)
-        self.rh = _outermost(_halo_shape(x.shape, dim, right), dim, **kw)
-        self.gl = _outermost(_halo_shape(x.shape, dim, left), dim, **kw)
-        self.gr = _outermost(_halo_shape(x.shape, dim, right), dim, **kw)
+        self.lh = _outermost(_halo_shape(self.shape, dim, self.left), dim, **kw)
+        self.rh = _outermost(_halo_shape(self.shape, dim, self.right), dim, **kw)
+        self.gl = _outermost(_halo_shape(self.shape, dim, self.left), dim, **kw)
+        self.gr = _outermost(_halo_shape(self.shape, dim, self.right), dim, **kw)
         if direct and not self.cuda:
             # The CPU test switch makes a host plan once a CUDA plan's
             # creation (local) has taken the layout, as it would on a GPU.
-            _lib.Plan(comm, self._params(_lib.MEMORY_CUDA))
+            _lib.Plan(self.comm, self._params(_lib.MEMORY_CUDA))
         self.plan = self._plan()
+        self.agreed = None  # the plan whose first exchange (direct) has been waited for
         # Copies out of pinned buffers still to run before they are rewritten.
         self.fwd_read = self.bwd_read = None
         self.fwd = None  # the forward exchange started last: it owns the buffers until it finishes
@@ -236,11 +244,24 @@ class _Layout:
         so far: direct, ordered on the current stream (the caller is not
         blocked; for CPU tensors the host waits at the finish as well);
         staged, once the stream has run it, on the host."""
-        if self.direct:
-            return _inflight.start(self.plan, call, *buffers, stream=self._stream(), waiter=self._stream,
-                                   host_wait=not self.cuda)
-        self._ready()
-        return _inflight.start(self.plan, call, *buffers)
+        if not self.direct:
+            self._ready()
+            return _inflight.start(self.plan, call, *buffers)
+        pending = _inflight.start(self.plan, call, *buffers, stream=self._stream(), waiter=self._stream,
+                                  host_wait=not self.cuda)
+        if self.plan is not self.agreed:
+            # A plan's first exchange agrees on it with the other ranks, and
+            # a CUDA plan may refuse the layout there (a slice sent to two
+            # ranks), on every rank alike: the host waits for it, once per
+            # plan, and a refusal makes the caller rerun the call staged.
+            try:
+                pending.wait_host()
+            except HaloError as e:
+                if e.code == _lib.ERR_INVALID_ARGUMENT:
+                    raise _Refused() from e
+                raise
+            self.agreed = self.plan
+        return pending
 
     @torch.no_grad()  # buffers and results are the library's writes, not autograd's
     def start_halos(self, x: Tensor) -> _inflight.Pending:
@@ -256,7 +277,11 @@ class _Layout:
         if self.direct:  # a CUDA plan leaves the slices beyond the sequence alone
             self.lh.zero_()
             self.rh.zero_()
-        self.fwd = self._start(_inflight.HALOS_FORWARD, self.x, self.lh, self.rh)
+        try:
+            self.fwd = self._start(_inflight.HALOS_FORWARD, self.x, self.lh, self.rh)
+        except _Refused:
+            self._allocate(direct=False)
+            return self.start_halos(x)
         return self.fwd
 
     @torch.no_grad()
@@ -296,7 +321,11 @@ class _Layout:
         else:
             for src, dst in slabs:
                 self._copy(dst, src)
-        pending = self._start(_inflight.HALOS_BACKWARD, self.gl, self.gr, self.gx)
+        try:
+            pending = self._start(_inflight.HALOS_BACKWARD, self.gl, self.gr, self.gx)
+        except _Refused:
+            self._allocate(direct=False)
+            return self.start_add(grad_left, grad_right, grad_x)
 
         @torch.no_grad()
         def finish():
@@ -382,10 +411,10 @@ def _layout(comm, x: Tensor, left, right, dim, padding_mode) -> _Layout:
         try:
             lay = _Layout(comm, x, left, right, dim, padding_mode, True)
         except HaloError as e:
-            # Decided from what every rank agreed on: all of them stage it.
-            # (Deferred plans are agreed in their first exchange, so a CUDA
-            # plan's refusal of a layout may come from that exchange instead,
-            # unhandled here: untested without a GPU and a CUDA-aware UCX.)
+            # A CUDA plan's creation refused the layout (a padding other
+            # than zeros), from arguments every rank shares: all stage it.
+            # A refusal that needs every rank's shard length comes from the
+            # plan's first exchange instead (_Layout._start).
             if e.code != _lib.ERR_INVALID_ARGUMENT:
                 raise
             direct = False

@@ -68,6 +68,15 @@ class Pending:
             self._release()
         return done
 
+    def wait_host(self) -> None:
+        """Wait on the host until the exchange has ended, leaving its finish
+        to the caller; a failure ends it (and is raised)."""
+        try:
+            self.plan.wait(self.request)
+        except HaloError:
+            self._release()
+            raise
+
     def finish_quietly(self) -> None:
         """Wait and swallow a failure: for an exchange abandoned because
         something else failed (that error is the one to report)."""

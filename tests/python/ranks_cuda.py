@@ -281,5 +281,38 @@ def scenario_direct():
         expect("'sideways'" in str(e), str(e))
 
 
+def scenario_refused():
+    """A direct layout whose plan is refused in its first exchange, on every
+    rank (a CUDA plan does so when a slice goes to two ranks; here a host
+    plan that cannot serve its reflect halos stands in for it, as a host
+    plan takes any layout): the call is rerun staged on every rank, gives
+    the host path's bits, and the layout stays staged."""
+    comm = halocp.communicator()
+    real = _cuda._Layout._params
+
+    def refused_in_agreement(lay, memory):
+        if lay.direct and memory == _lib.MEMORY_HOST:  # the direct path's plan, not the creation probe
+            return _cuda.buffer_params(lay.x, lay.lh, lay.rh, lay.gl, lay.gr, lay.gx, lay.left, lay.right, lay.dim,
+                                       memory, "reflect")
+        return real(lay, memory)
+
+    # Rank 0's one slice is the left halo of every other rank (multi-hop).
+    n = 1 if ranks.RANK == 0 else 0
+    x = torch.randn(2, n, 3, dtype=torch.bfloat16)
+    grad = torch.randn(2, n + 2, 3, dtype=torch.bfloat16)
+    want = _forms(x, 2, 0, 1, "zeros", grad)
+    _cuda._Layout._params = refused_in_agreement
+    try:
+        with _cuda.stage_cpu("direct"):
+            got = _forms(x, 2, 0, 1, "zeros", grad)
+            lay = _cuda._layout(comm, x, 2, 0, 1, "zeros")
+    finally:
+        _cuda._Layout._params = real
+    for (name, g), (_, w) in zip(got, want):
+        ranks.expect_bits(g, w, f"{name} of a layout refused in its first exchange")
+    expect(not lay.direct, "the refused layout is still direct")
+    expect(not comm.streamed and not comm.waited, "a refused exchange left stream-ordered requests behind")
+
+
 if __name__ == "__main__":
     ranks.main(globals())
