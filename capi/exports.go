@@ -160,7 +160,7 @@ func haloGoCommGetAddress(h C.uintptr_t, addr *unsafe.Pointer, length *C.size_t,
 //export haloGoCommConnect
 func haloGoCommConnect(h C.uintptr_t, addrs *unsafe.Pointer, lens *C.size_t, eb *C.char, el C.size_t) C.int {
 	return exported(eb, el, func() error {
-		e, err := lookupComm(uintptr(h))
+		e, err := hostComm(uintptr(h))
 		if err != nil {
 			return err
 		}
@@ -292,7 +292,7 @@ func haloGoPlanCreateMulti(h C.uintptr_t, count C.int, p *C.halo_plan_params_t, 
 
 // createPlan reads count parameter structs and creates one plan over them.
 func createPlan(h C.uintptr_t, count int, p *C.halo_plan_params_t, out *C.halo_plan_t, multi bool) error {
-	e, err := lookupComm(uintptr(h))
+	e, err := hostComm(uintptr(h))
 	if err != nil {
 		return err
 	}
@@ -397,7 +397,7 @@ func readSpec(p *C.halo_plan_params_t, pre string) (halo.Spec, error) {
 //export haloGoPlanRun
 func haloGoPlanRun(h C.uintptr_t, call, start C.int, a, b, c unsafe.Pointer, eb *C.char, el C.size_t) C.int {
 	return exported(eb, el, func() error {
-		pe, err := lookupPlan(uintptr(h))
+		pe, err := hostPlan(uintptr(h))
 		if err != nil {
 			return err
 		}
@@ -408,7 +408,7 @@ func haloGoPlanRun(h C.uintptr_t, call, start C.int, a, b, c unsafe.Pointer, eb 
 //export haloGoPlanMulti
 func haloGoPlanMulti(h C.uintptr_t, call, start C.int, a, b, c *unsafe.Pointer, eb *C.char, el C.size_t) C.int {
 	return exported(eb, el, func() error {
-		pe, err := lookupPlan(uintptr(h))
+		pe, err := hostPlan(uintptr(h))
 		if err != nil {
 			return err
 		}
@@ -426,12 +426,16 @@ func haloGoPlanMulti(h C.uintptr_t, call, start C.int, a, b, c *unsafe.Pointer, 
 //export haloGoPlanTest
 func haloGoPlanTest(h C.uintptr_t, dir C.int, done *C.int, eb *C.char, el C.size_t) C.int {
 	return exported(eb, el, func() error {
-		pe, err := lookupPlan(uintptr(h))
+		pe, quiet, err := hostPlanNow(uintptr(h))
 		if err != nil {
 			return err
 		}
 		if done == nil {
 			return invalid("done (the output pointer) is NULL")
+		}
+		if !quiet {
+			*done = 0
+			return nil
 		}
 		ok, err := pe.p.Test(halo.Direction(dir))
 		if err == nil {
@@ -447,7 +451,7 @@ func haloGoPlanTest(h C.uintptr_t, dir C.int, done *C.int, eb *C.char, el C.size
 //export haloGoPlanWait
 func haloGoPlanWait(h C.uintptr_t, dir C.int, eb *C.char, el C.size_t) C.int {
 	return exported(eb, el, func() error {
-		pe, err := lookupPlan(uintptr(h))
+		pe, err := hostPlan(uintptr(h))
 		if err != nil {
 			return err
 		}

@@ -75,6 +75,60 @@ func lookupPlan(h uintptr) (*planEntry, error) {
 	return nil, badHandle(h, "plan", kindPlan)
 }
 
+// hostPlan is lookupPlan for a call that runs on the caller's thread. It
+// first waits for the stream-ordered exchanges queued on the plan's
+// communicator: the proxy thread then no longer drives the communicator
+// (one thread at a time may), and the call takes its call number after
+// theirs, in the order the caller made the calls, which every rank shares
+// (messages are matched across ranks by that number).
+func hostPlan(h uintptr) (*planEntry, error) {
+	pe, px, err := planAndProxy(h)
+	if px != nil {
+		px.Idle()
+	}
+	return pe, err
+}
+
+// hostPlanNow is hostPlan for the calls that must not block (tests): quiet
+// is false, and the caller does nothing, while stream-ordered exchanges are
+// queued on the communicator (they progress its host requests too).
+func hostPlanNow(h uintptr) (pe *planEntry, quiet bool, err error) {
+	pe, px, err := planAndProxy(h)
+	return pe, px == nil || px.Quiet(), err
+}
+
+func planAndProxy(h uintptr) (*planEntry, *cuda.Proxy, error) {
+	registry.Lock()
+	defer registry.Unlock()
+	pe, ok := registry.plans[h]
+	if !ok {
+		return nil, nil, badHandle(h, "plan", kindPlan)
+	}
+	if ce := registry.comms[pe.comm]; ce != nil {
+		return pe, ce.proxy, nil
+	}
+	return pe, nil, nil
+}
+
+// hostComm is lookupComm for a call on the caller's thread that drives the
+// communicator (connecting, creating a plan): as hostPlan.
+func hostComm(h uintptr) (*commEntry, error) {
+	registry.Lock()
+	e, ok := registry.comms[h]
+	var px *cuda.Proxy
+	if ok {
+		px = e.proxy
+	}
+	registry.Unlock()
+	if !ok {
+		return nil, badHandle(h, "communicator", kindComm)
+	}
+	if px != nil {
+		px.Idle()
+	}
+	return e, nil
+}
+
 func badHandle(h uintptr, want string, kind uint64) error {
 	switch {
 	case h == 0:

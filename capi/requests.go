@@ -134,6 +134,9 @@ func haloGoExchangeStart(h C.uintptr_t, dir C.int, buffers *unsafe.Pointer, coun
 		}
 		r := &requestEntry{plan: uintptr(h), dir: halo.Direction(dir)}
 		if stream == nil {
+			if _, err := hostPlan(uintptr(h)); err != nil { // after the stream-ordered ones
+				return err
+			}
 			if err := run(false); err != nil {
 				return err
 			}
@@ -189,9 +192,12 @@ func (r *requestEntry) test() (bool, error) {
 		}
 		return false, nil
 	}
-	pe, err := lookupPlan(r.plan)
+	pe, quiet, err := hostPlanNow(r.plan)
 	if err != nil {
 		return true, r.end(fmt.Errorf("%w: the request's plan was destroyed while its exchange was in flight", halo.ErrState))
+	}
+	if !quiet {
+		return false, nil
 	}
 	ok, err := pe.p.Test(r.dir)
 	if ok || err != nil {
@@ -219,7 +225,7 @@ func haloGoRequestWait(h C.uintptr_t, stream unsafe.Pointer, eb *C.char, el C.si
 		if r.stream != nil {
 			return r.end(classed(r.stream.Wait()))
 		}
-		pe, err := lookupPlan(r.plan)
+		pe, err := hostPlan(r.plan)
 		if err != nil {
 			return r.end(fmt.Errorf("%w: the request's plan was destroyed while its exchange was in flight", halo.ErrState))
 		}

@@ -183,6 +183,13 @@ func (p *Proxy) Idle() {
 	p.mu.Unlock()
 }
 
+// Quiet reports whether no job is queued or running (Idle would return at once).
+func (p *Proxy) Quiet() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.jobs) == 0 && !p.busy
+}
+
 // Close waits for the queued jobs and ends the proxy's thread. The flag is
 // freed (cuMemFreeHost waits for the device). Idempotent.
 func (p *Proxy) Close() error {

@@ -1,8 +1,12 @@
 package halo
 
 import (
+	"encoding/json"
+	"fmt"
 	"math"
 	"math/rand"
+	"os"
+	"sync"
 	"unsafe"
 )
 
@@ -335,12 +339,19 @@ func oracleModes(d DType, xs, grads []Logical, dim int, L, R int64, mode Padding
 		for i := range gx.Bits {
 			Unravel(xs[r].Shape, int64(i), idx)
 			p := off[r] + idx[dim]
-			v := uint64(0)           // torch's backward starts from +0
-			if mode == PadCircular { // its own, the right slot, the left slot
-				for _, g := range []int64{p, p + T, p - T} {
-					if g >= -L && g < T+R {
-						v = addScalar(d, v, gp(g, idx))
-					}
+			v := uint64(0) // torch's backward starts from +0
+			if mode == PadCircular {
+				// Its own, the right slot's copy, the left slot's; then +0
+				// where torch adds one (its table, not a rule of ours).
+				v = gp(p, idx)
+				if p < R {
+					v = addScalar(d, v, gp(p+T, idx))
+				}
+				if p >= T-L {
+					v = addScalar(d, v, gp(p-T, idx))
+				}
+				if circularPlusZero(T, L, R, p) {
+					v = addScalar(d, v, 0)
 				}
 			} else { // every position showing p, in increasing order
 				for g := -L; g < T+R; g++ {
@@ -354,4 +365,33 @@ func oracleModes(d DType, xs, grads []Logical, dim int, L, R int64, mode Padding
 		gradXs = append(gradXs, gx)
 	}
 	return
+}
+
+// circularZeros is testdata/circular_zeros.json, written by torch
+// (circular_zeros.py): for a global length T and halos L and R, '+' at the
+// slices to whose gradient torch's circular padding backward adds +0.
+var circularZeros = sync.OnceValue(func() map[[3]int64]string {
+	raw, err := os.ReadFile("testdata/circular_zeros.json")
+	if err != nil {
+		panic(err)
+	}
+	var golden struct {
+		Cases [][4]any `json:"cases"`
+	}
+	if err := json.Unmarshal(raw, &golden); err != nil {
+		panic(err)
+	}
+	table := map[[3]int64]string{}
+	for _, c := range golden.Cases {
+		table[[3]int64{int64(c[0].(float64)), int64(c[1].(float64)), int64(c[2].(float64))}] = c[3].(string)
+	}
+	return table
+})
+
+func circularPlusZero(T, L, R, p int64) bool {
+	mask, ok := circularZeros()[[3]int64{T, L, R}]
+	if !ok {
+		panic(fmt.Sprintf("testdata/circular_zeros.json has no case T %d L %d R %d: raise its MAX_T", T, L, R))
+	}
+	return mask[p] == '+'
 }

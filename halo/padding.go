@@ -233,14 +233,14 @@ func sliceElems(shape []int64, dim int) int64 {
 
 // zeroSpans are the global slices to which torch's F.pad backward adds +0
 // (which turns -0 into +0; nothing else): replicate and reflect start from
-// a zero tensor, so every slice. Circular (torch 1.13 copies the sequence
-// into the padded tensor and then its wrapped slices, right after left)
-// gets, in the backward of each copy, a tensor that is zero outside that
-// copy's source slices added to every slice: +0 on every slice that is not
-// a source of a right slot ([0, R)) when R > 0, and on every slice that is
-// not a source of a left slot ([T-L, T)) when L > 0.
+// a zero tensor, so every slice. Circular adds +0 to every slice when the
+// halos together are longer than the sequence (L + R > T); otherwise to
+// every slice that is not a source of a right slot ([0, R)) when R > 0,
+// and to every slice that is not a source of a left slot ([T-L, T)) when
+// L > 0. torch 1.13 and 2.15 agree: halo/testdata/circular_zeros.json is
+// their table, which the oracle reads.
 func zeroSpans(m Padding, L, R, T int64) [][2]int64 {
-	if m != PadCircular {
+	if m != PadCircular || L+R > T {
 		return [][2]int64{{0, T}}
 	}
 	switch {

@@ -463,12 +463,13 @@ halo_result_t halo_plan_halos_backward_multi_start(halo_plan_t plan, const void 
  * the proxy writes). The tensors belong to the exchange until then. The
  * CUDA driver (libcuda.so.1) is loaded on first use: where it cannot be
  * loaded, or lacks a call halo needs, this fails with
- * HALO_ERR_INVALID_ARGUMENT naming the library and the reason. While a
- * stream-ordered exchange is in flight the proxy thread uses the
- * communicator: the caller makes no other call on it or its plans but
- * halo_request_test, halo_request_wait and halo_request_free, and starts
- * of other stream-ordered exchanges, which the proxy runs in order;
- * halo_plan_destroy and halo_comm_destroy first wait for the exchanges
+ * HALO_ERR_INVALID_ARGUMENT naming the library and the reason. The proxy
+ * runs the stream-ordered exchanges of a communicator in the order they were
+ * started. A call that works on the host (plan creation, halo_comm_connect,
+ * a blocking exchange or a start, test or wait without a stream) made while
+ * some are queued first waits for them to end, so that every rank runs its
+ * exchanges in the order of its calls (a test reports not done meanwhile);
+ * halo_plan_destroy and halo_comm_destroy likewise wait for the exchanges
  * queued (halo_comm_abort makes them fail at once).
  * HALO_CUDA_DRIVER=host-fake (read by halo_comm_create) replaces the
  * driver with a host emulation (streams are FIFO queues run by host

@@ -264,7 +264,7 @@ func FuzzCheckAddress(f *testing.F) {
 		if slices.Equal(contents(own, ownLayout), contents(addr, layout)) {
 			start := time.Now()
 			tr.probeAddress(addr)
-			if d := time.Since(start); d > time.Second {
+			if d := time.Since(start); d > 4*time.Second { // a hang, not a slow machine
 				t.Fatalf("probe took %v", d)
 			}
 		}

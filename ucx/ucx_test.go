@@ -470,7 +470,7 @@ func TestDeadline(t *testing.T) {
 		if !errors.Is(err, ErrTimeout) {
 			t.Fatalf("Wait: %v, want ErrTimeout", err)
 		}
-		if elapsed < d || elapsed > d+500*time.Millisecond { // slack for a loaded machine
+		if elapsed < d || elapsed > d+3*time.Second { // slack for a loaded machine (a Wait that ignored d would hang)
 			t.Fatalf("Wait returned after %v, deadline %v", elapsed, d)
 		}
 		for _, want := range []string{
@@ -501,7 +501,7 @@ func TestDeadlinePendingSend(t *testing.T) {
 	}
 	start := time.Now()
 	err := sb.Wait(start.Add(200 * time.Millisecond))
-	if elapsed := time.Since(start); elapsed > time.Second {
+	if elapsed := time.Since(start); elapsed > 4*time.Second { // 200 ms, and slack for a loaded machine
 		t.Fatalf("Wait took %v", elapsed)
 	}
 	if !errors.Is(err, ErrTimeout) || !strings.Contains(err.Error(), "send to rank 1 (tag 0x3, 4194304 bytes)") {

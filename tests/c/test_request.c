@@ -11,7 +11,10 @@
  *                           another stream than the start's
  *   test_request --abort    (host-fake) rank 1 never starts: halo_comm_abort
  *                           ends the stream-ordered exchange in flight and
- *                           the one queued behind it, both COMM_FAILED */
+ *                           the one queued behind it, both COMM_FAILED
+ *   test_request --order    (host-fake) host calls made while stream-ordered
+ *                           exchanges are queued run after them, on every
+ *                           rank, whatever the proxy's pace */
 #include "launch.h"
 
 enum { T = 5, C = 3, B = 2, L = 2, R = 1 };
@@ -209,6 +212,62 @@ static int abort_main(int port) {
     return g_failures ? 1 : 0;
 }
 
+/* Three plans (different shapes), exchanged in the same order of calls on
+ * both ranks: stream-ordered A and B, then a blocking C on the host. Rank 0
+ * makes the three calls at once: its proxy is still waiting in A (rank 1
+ * starts late) when the host calls C, with B queued behind A. Rank 1 waits
+ * for each exchange before the next call. The calls' numbers, which match
+ * messages across ranks, must follow the calls on both, and the proxy and
+ * the host must not drive the communicator at the same time. */
+static int order_main(int port) {
+    halo_comm_t c = make_comm(port, 20000);
+    int64_t shapes[3][1] = {{5}, {6}, {7}};
+    halo_plan_t plans[3];
+    float x[3][8], out[3][8 + L + R], want[3][8 + L + R];
+    void *bufs[3][2];
+    for (int k = 0; k < 3; k++) {
+        halo_plan_params_t p = plan_1d(shapes[k], L, R);
+        HALO_OK(halo_plan_create(c, &p, &plans[k]));
+        fill(x[k], HALO_FLOAT32, (int)shapes[k][0], g_rank * 3 + k);
+        bufs[k][0] = x[k];
+        bufs[k][1] = out[k];
+    }
+    for (int iter = 0; iter < 5; iter++) {
+        halo_request_t req[2];
+        memset(out, 0x7f, sizeof out);
+        if (g_rank == 0) {
+            HALO_OK(halo_exchange_start(plans[0], HALO_DIR_FORWARD, bufs[0], 2, S1, &req[0]));
+            HALO_OK(halo_exchange_start(plans[1], HALO_DIR_FORWARD, bufs[1], 2, S1, &req[1]));
+            HALO_OK(halo_plan_forward(plans[2], x[2], out[2]));
+            for (int k = 0; k < 2; k++) HALO_OK(halo_request_wait(req[k], NULL));
+        } else {
+            usleep(100 * 1000);
+            for (int k = 0; k < 2; k++) {
+                HALO_OK(halo_exchange_start(plans[k], HALO_DIR_FORWARD, bufs[k], 2, S1, &req[k]));
+                HALO_OK(halo_request_wait(req[k], NULL));
+            }
+            HALO_OK(halo_plan_forward(plans[2], x[2], out[2]));
+        }
+        for (int k = 0; k < 2; k++) HALO_OK(halo_request_free(req[k]));
+        if (iter == 0) memcpy(want, out, sizeof want);
+        for (int k = 0; k < 3; k++) {
+            /* Rank 0's right halo is rank 1's first R slices; rank 1's left halo rank 0's last L. */
+            float peer[8];
+            fill(peer, HALO_FLOAT32, (int)shapes[k][0], (1 - g_rank) * 3 + k);
+            int n = (int)shapes[k][0];
+            const float *got = g_rank == 0 ? out[k] + L + n : out[k];
+            const float *exp = g_rank == 0 ? peer : peer + n - L;
+            CHECK(!memcmp(got, exp, (g_rank == 0 ? R : L) * sizeof(float)), "iteration %d: plan %d (%ld slices): the halo from rank %d is wrong",
+                  iter, k, (long)n, 1 - g_rank);
+            CHECK(!memcmp(out[k], want[k], (n + L + R) * sizeof(float)), "iteration %d: plan %d differs from iteration 0", iter, k);
+        }
+    }
+    for (int k = 0; k < 3; k++) HALO_OK(halo_plan_destroy(plans[k]));
+    HALO_OK(halo_comm_destroy(c));
+    printf("test_request --order: rank %d: %d failures\n", g_rank, g_failures);
+    return g_failures ? 1 : 0;
+}
+
 static int rank_main(int port) {
     halo_comm_t c = make_comm(port, 20000);
     check_forms(c, HALO_FLOAT32);
@@ -224,12 +283,12 @@ int main(int argc, char **argv) {
     int port = 0;
     setvbuf(stdout, NULL, _IOLBF, 0);
     g_stream = has_flag(argc, argv, "--stream");
-    int aborting = has_flag(argc, argv, "--abort");
+    int aborting = has_flag(argc, argv, "--abort"), ordering = has_flag(argc, argv, "--order");
     halo_comm_params_t unused = HALO_COMM_PARAMS_INITIALIZER;
     (void)unused;
-    if (rank_args(argc, argv, &port)) return aborting ? abort_main(port) : rank_main(port);
-    char *extra[1] = {aborting ? "--abort" : "--stream"};
-    int bad = launch(argv[0], aborting ? 2 : 3, 90, NULL, g_stream || aborting, extra);
-    printf("test_request%s: %s\n", aborting ? " --abort" : g_stream ? " --stream" : "", bad ? "FAILED" : "passed");
+    if (rank_args(argc, argv, &port)) return aborting ? abort_main(port) : ordering ? order_main(port) : rank_main(port);
+    char *extra[1] = {aborting ? "--abort" : ordering ? "--order" : "--stream"};
+    int bad = launch(argv[0], aborting || ordering ? 2 : 3, 90, NULL, g_stream || aborting || ordering, extra);
+    printf("test_request%s: %s\n", aborting ? " --abort" : ordering ? " --order" : g_stream ? " --stream" : "", bad ? "FAILED" : "passed");
     return bad ? 1 : 0;
 }
