@@ -132,20 +132,17 @@ class Communicator:
     # dropped: exchanges whose handles were dropped unwaited (halocp._inflight);
     # routes: each form's exchange per layout and device path, prepared once
     # (halocp.exchange.route);
-    # streamed: the requests of stream-ordered exchanges not yet freed (the
-    # library's proxy may be running them: halocp._lib.Plan);
     # waited: stream-ordered exchanges that a stream was told to wait for,
     # to free once they have ended (halocp._inflight.reap).
     cuda_path: str | None
     cuda_layouts: OrderedDict
     dropped: list
     routes: dict
-    streamed: dict
     waited: list
 
     def __init__(self, group, timeout: float | None = None):
         self.cuda_path, self.cuda_layouts, self.dropped, self.routes = None, OrderedDict(), [], {}
-        self.streamed, self.waited = {}, []
+        self.waited = []
         self.group = group
         self.rank = dist.get_rank(group)
         self.world_size = dist.get_world_size(group)
@@ -246,7 +243,6 @@ class Communicator:
             self.routes.clear()
             self.cuda_layouts.clear()
             self.dropped, self.cuda_path, self.waited = [], None, []
-            self.streamed.clear()  # halo_comm_destroy waits for them
             if self.handle is not None:
                 _lib.comm_destroy(self.handle)
                 self.handle = None

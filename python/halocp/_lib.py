@@ -402,16 +402,9 @@ class Plan:
     request that is tested, waited for and freed; destroyed when dropped.
 
     ``comm`` is halocp's Communicator: its ``handle``, its ``lock`` (one
-    thread in the library per communicator), ``closed`` (its plans went
-    with it) and ``streamed`` (the stream-ordered requests not yet freed)
-    are what this uses.
-
-    While a stream-ordered exchange is in flight, the library's proxy
-    thread uses the communicator: the header allows no call on it but
-    request calls and more stream-ordered starts. So every other call here
-    (a plan's creation, a blocking call, a start without a stream) first
-    waits on the host until the stream-ordered ones have ended (their
-    requests keep their results for their owners).
+    thread in the library per communicator) and ``closed`` (its plans went
+    with it) are what this reads. (A call on the host made while
+    stream-ordered exchanges are queued waits for them in the library.)
     """
 
     __slots__ = ("comm", "handle")
@@ -419,17 +412,13 @@ class Plan:
     def __init__(self, comm, params: PlanParams):
         self.comm, self.handle = comm, None
         handle = ctypes.c_void_p()
-        with comm.lock:
-            _quiesce(comm)
-            check(lib().halo_plan_create(comm.handle, ctypes.byref(params), ctypes.byref(handle)), "halo_plan_create")
+        check(lib().halo_plan_create(comm.handle, ctypes.byref(params), ctypes.byref(handle)), "halo_plan_create")
         self.handle = handle.value
 
     def run(self, call: Call, *pointers: int) -> None:
         """The blocking call on the buffers' addresses, in the header's
         argument order: one C call per exchange."""
         with self.comm.lock:
-            if self.comm.streamed:
-                _quiesce(self.comm)
             rc = _call_fns[call](self.handle, *pointers)
             if rc:
                 raise error(rc, _CALL_NAMES[call])
@@ -442,12 +431,8 @@ class Plan:
         buffers = (ctypes.c_void_p * len(pointers))(*pointers)
         request = ctypes.c_void_p()
         with self.comm.lock:
-            if stream is None and self.comm.streamed:
-                _quiesce(self.comm)
             check(lib().halo_exchange_start(self.handle, int(call.direction), buffers, len(pointers), stream,
                                             ctypes.byref(request)), "halo_exchange_start")
-            if stream is not None:
-                self.comm.streamed[request.value] = None
         return request.value
 
     def test(self, request: int) -> bool:
@@ -469,10 +454,7 @@ class Plan:
         """Release a request that has ended (finished or failed); False,
         and the request kept, when its exchange has not ended yet."""
         with self.comm.lock:
-            if lib().halo_request_free(request) != SUCCESS:
-                return False
-            self.comm.streamed.pop(request, None)
-            return True
+            return lib().halo_request_free(request) == SUCCESS
 
     def __del__(self):
         # Local and never hangs. A plan evicted from a cache lives on while
@@ -485,13 +467,6 @@ class Plan:
                     lib().halo_plan_destroy(handle)
             except Exception:  # interpreter shutdown
                 pass
-
-
-def _quiesce(comm) -> None:
-    """Wait on the host until every stream-ordered exchange on comm has
-    ended (under comm.lock). Their errors stay with their requests."""
-    for request in list(comm.streamed):
-        lib().halo_request_wait(request, None)
 
 
 def check(rc: int, what: str) -> None:
