@@ -64,7 +64,11 @@ class Pending:
         except HaloError:
             self._release()
             raise
-        if done:
+        if done and block and self.stream is not None and not self.host_wait:
+            # The stream waits for it; the exchange may not have begun yet.
+            self.finished = True
+            self.plan.comm.waited.append(self)
+        elif done:
             self._release()
         return done
 
@@ -129,18 +133,19 @@ def reap(comm) -> None:
     waited for on a stream and have ended since. One that failed did so
     after its results were handed to the stream: its failure is raised here,
     by the next exchange halocp starts on the communicator."""
-    failed, left = None, []
-    for p in comm.waited:
+    failed, waited = None, comm.waited
+    # The proxy runs a communicator's exchanges in the order they were
+    # started: the first one that has not ended ends the look.
+    while waited:
+        p = waited[0]
         try:
-            done = p.plan.test(p.request)
+            if not p.plan.test(p.request):
+                break
         except HaloError as e:
-            done, failed = True, failed or e
-        if done:
-            p.plan.free(p.request)
-            p.tensors = ()
-        else:
-            left.append(p)
-    comm.waited[:] = left
+            failed = failed or e
+        p.plan.free(p.request)
+        p.tensors = ()
+        waited.pop(0)
     if failed is not None:
         raise HaloError(failed.code, f"halocp: rank {comm.rank}: a stream-ordered exchange failed after a stream "
                         f"was told to wait for it, so the results that stream read are not valid: {failed}")

@@ -280,6 +280,27 @@ def scenario_direct():
         expect("'sideways'" in str(e), str(e))
 
 
+def scenario_handover():
+    """The direct path's finish as on a GPU, where the host does not wait
+    (on CPU memory the switch adds a host wait, skipped here): the stream
+    is told to wait, the request waits in the communicator until a later
+    start finds it ended and frees it, and the later exchanges are right."""
+    comm = halocp.communicator()
+    x = torch.randn(2, 6, 3)
+    want = halocp.cp_halo_exchange(x, 2, 1, 1)
+    with _cuda.stage_cpu("direct"):
+        halocp.cp_halo_exchange(x, 2, 1, 1)  # the plan's first exchange, which the host waits for
+        started = halocp.cp_halo_exchange_start(x, 2, 1, 1)
+        pending = started._pending
+        pending.host_wait = False
+        started.wait()  # (its result is not read: torch's copies out are not on the stream here)
+        expect(comm.waited == [pending], f"the stream-waited exchange is not kept for freeing: {comm.waited}")
+        for _ in range(3):
+            got = halocp.cp_halo_exchange(x, 2, 1, 1)
+    ranks.expect_bits(got, want, "an exchange after one that only a stream waited for")
+    expect(not comm.waited, f"{len(comm.waited)} stream-waited requests were never freed")
+
+
 def scenario_refused():
     """A direct layout whose plan is refused in its first exchange, on every
     rank (a CUDA plan does so when a slice goes to two ranks; here a host

@@ -15,7 +15,7 @@ from launcher import expect_scenario, launch
 
 HERE = Path(__file__).resolve().parent
 SCENARIOS = ["memory", "staged_exchange", "staged_padding", "staged_async", "staged_errors", "staged_halos", "staged_nn",
-             "slabs", "direct", "refused"]
+             "slabs", "direct", "handover", "refused"]
 
 
 @pytest.fixture(scope="module", params=[2, 3], ids=lambda w: f"W{w}")
