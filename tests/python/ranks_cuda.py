@@ -9,8 +9,10 @@ the check for a machine with a GPU.
 
 from __future__ import annotations
 
+import time
 
 import torch
+import torch.distributed as dist
 
 import halocp
 import ranks
@@ -280,6 +282,13 @@ def scenario_direct():
         expect("'sideways'" in str(e), str(e))
 
 
+def scenario_direct_handles():
+    """ranks_overlap.py's handle misuse and dropped handles through the
+    direct path's code (stage_cpu("direct"))."""
+    with _cuda.stage_cpu("direct"):
+        ranks_overlap.scenario_async(cases=0)
+
+
 def scenario_handover():
     """The direct path's finish as on a GPU, where the host does not wait
     (on CPU memory the switch adds a host wait, skipped here): the stream
@@ -299,6 +308,35 @@ def scenario_handover():
             got = halocp.cp_halo_exchange(x, 2, 1, 1)
     ranks.expect_bits(got, want, "an exchange after one that only a stream waited for")
     expect(not comm.waited, f"{len(comm.waited)} stream-waited requests were never freed")
+
+
+def scenario_failed_after_wait():
+    """A stream-ordered exchange that fails after a stream was told to wait
+    for it (rank 0 starts one that no peer joins, then aborts): the next
+    exchange halocp starts on the communicator raises that failure, saying
+    that the stream's results are not valid."""
+    group = dist.new_group(list(range(ranks.WORLD)))
+    x = torch.randn(2, 6, 3)
+    with _cuda.stage_cpu("direct"):
+        halocp.cp_halo_exchange(x, 1, 1, 1, group)  # the plan agreed on every rank
+        if ranks.RANK == 0:
+            started = halocp.cp_halo_exchange_start(x, 1, 1, 1, group)
+            pending = started._pending
+            pending.host_wait = False  # as on a GPU: the stream waits, the host does not
+            started.wait()
+            halocp.abort(group)
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:  # until the abort has ended it
+                try:
+                    if pending.plan.test(pending.request):
+                        break
+                except halocp.HaloError:
+                    break
+            e = raises(lambda: halocp.cp_halo_exchange(x, 1, 1, 1, group), halocp.ERR_COMM_FAILED,
+                       "the exchange after a stream-waited one failed")
+            expect("failed after a stream was told to wait for it" in e, e)
+    dist.barrier()
+    halocp.destroy_communicator(group)
 
 
 def scenario_refused():

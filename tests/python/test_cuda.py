@@ -15,7 +15,7 @@ from launcher import expect_scenario, launch
 
 HERE = Path(__file__).resolve().parent
 SCENARIOS = ["memory", "staged_exchange", "staged_padding", "staged_async", "staged_errors", "staged_halos", "staged_nn",
-             "slabs", "direct", "handover", "refused"]
+             "slabs", "direct", "direct_handles", "handover", "failed_after_wait", "refused"]
 
 
 @pytest.fixture(scope="module", params=[2, 3], ids=lambda w: f"W{w}")
