@@ -194,7 +194,7 @@ class _Layout:
         pairs = [(t.narrow(d, 0, a), buf.narrow(d, 0, a)), (t.narrow(d, n - b, b), buf.narrow(d, a, b))]
         return [p for p in pairs if p[0].shape[d]]
 
-    def middle(self, t: Tensor) -> Tensor:
+    def _middle(self, t: Tensor) -> Tensor:
         """The slices of t (x's shape) that are not in the virtual shard."""
         return t.narrow(self.dim, self.a, self.n - self.a - self.b)
 
@@ -341,7 +341,7 @@ class _Layout:
                 # These modes' backward (F.pad's, which a host plan follows)
                 # adds +0 to every slice the padding slots do not feed:
                 # the middle, which the plan never sees, gets it here.
-                self.middle(grad_x).add_(0.0)
+                self._middle(grad_x).add_(0.0)
             self.bwd_read = self._reads_queued()
             return
         # The reference's order: the right neighbour's gradient (x's last
