@@ -319,6 +319,7 @@ def scenario_failed_after_wait():
     x = torch.randn(2, 6, 3)
     with _cuda.stage_cpu("direct"):
         halocp.cp_halo_exchange(x, 1, 1, 1, group)  # the plan agreed on every rank
+        dist.barrier()  # every rank done with it before rank 0 aborts (which voids what peers still wait for)
         if ranks.RANK == 0:
             started = halocp.cp_halo_exchange_start(x, 1, 1, 1, group)
             pending = started._pending
