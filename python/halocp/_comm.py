@@ -131,14 +131,18 @@ class Communicator:
     # cuda_layouts: the CUDA paths' layouts (plans and device or pinned buffers);
     # dropped: exchanges whose handles were dropped unwaited (halocp._inflight);
     # routes: each form's exchange per layout and device path, prepared once
-    # (halocp.exchange.route).
+    # (halocp.exchange.route);
+    # waited: stream-ordered exchanges that a stream was told to wait for,
+    # to free once they have ended (halocp._inflight.reap).
     cuda_path: str | None
     cuda_layouts: OrderedDict
     dropped: list
     routes: dict
+    waited: list
 
     def __init__(self, group, timeout: float | None = None):
         self.cuda_path, self.cuda_layouts, self.dropped, self.routes = None, OrderedDict(), [], {}
+        self.waited = []
         self.group = group
         self.rank = dist.get_rank(group)
         self.world_size = dist.get_world_size(group)
@@ -238,7 +242,7 @@ class Communicator:
             self._plans.clear()
             self.routes.clear()
             self.cuda_layouts.clear()
-            self.dropped, self.cuda_path = [], None
+            self.dropped, self.cuda_path, self.waited = [], None, []
             if self.handle is not None:
                 _lib.comm_destroy(self.handle)
                 self.handle = None

@@ -21,14 +21,27 @@ current CUDA stream. Two paths, chosen per communicator at run time:
   to it (and to the reference).
 
 Either way each layout keeps its buffers, laid out with dim outermost so
-that a slab is one contiguous run. Before a plan reads what torch wrote, the
-stream is synchronised (an event); what the plan wrote reaches the caller's
-tensors by copies on the current stream, so the next kernels on it see it.
-Pinned buffers are not rewritten before the copies out of them have run.
+that a slab is one contiguous run, and slab-sized: they hold x's virtual
+shard (_edges), the slices the exchange reads or writes, never the whole
+shard.
 
-CPU tensors take the host path, unless ``stage_cpu(True)`` routes them
-through the staging path here: the tests and the GPU check's dry run use it
-to run this code without a GPU.
+Streams. Direct: an exchange is started on the current stream
+(halo_exchange_start with its handle): it begins after the copies into the
+buffers queued there, and the caller is not blocked; it is finished by
+making the stream current at the wait (or at the backward's finish) wait
+for it, which then reads the results by copies queued on it, so a
+``*_start(...).wait()`` under another stream is ordered too. Staged: the
+stream is synchronised before the host plan reads the buffers and the host
+waits for the exchange; the results go to the caller's tensors by copies on
+the stream current at the wait. Buffers are not rewritten before the copies
+out of them have run (the next start waits for them: the stream, direct;
+the host, staged).
+
+CPU tensors take the host path, unless ``stage_cpu`` routes them through
+this module: True the staging path, "direct" the direct path's code on
+host-memory plans and the streams of libhalo's host emulation of the CUDA
+driver. The tests and the GPU check's dry run use it to run this code
+without a GPU.
 """
 
 from __future__ import annotations
@@ -46,17 +59,34 @@ from ._lib import HaloError
 DIRECT, STAGED = "direct", "staged"
 
 _stage_cpu = False
+# The stream of the direct path's CPU test switch: any non-zero handle is a
+# stream of libhalo's host emulation of the CUDA driver.
+_FAKE_STREAM = 0x5717E
 
 
 @contextlib.contextmanager
-def stage_cpu(on: bool = True):
-    """Within the block, CPU tensors take the staging path (as a GPU's would)."""
+def stage_cpu(on=True):
+    """Within the block, CPU tensors take this module's code, as a GPU's
+    would: True, the staging path; ``"direct"``, the direct path's code,
+    with host-memory plans started on a stream of libhalo's host emulation
+    of the CUDA driver (the communicator must be made with
+    HALO_CUDA_DRIVER=host-fake). A host plan takes layouts a CUDA plan
+    refuses, so under "direct" only those a CUDA plan takes (a padding
+    other than zeros is refused by the plan's creation, and staged) give
+    a CUDA plan's results: every shard as long as left + right."""
+    if on not in (False, True, DIRECT):
+        raise ValueError(f"halocp: stage_cpu({on!r}): expected True, False or {DIRECT!r}")
     global _stage_cpu
     before, _stage_cpu = _stage_cpu, on
     try:
         yield
     finally:
         _stage_cpu = before
+
+
+def stage_cpu_mode():
+    """stage_cpu's setting now (False outside it)."""
+    return _stage_cpu
 
 
 def wanted(t: Tensor) -> bool:
@@ -92,6 +122,10 @@ def _empty(fmt: tuple) -> Tensor:
     return empty_in_order(*fmt)
 
 
+class _Refused(Exception):
+    """A CUDA plan refused its layout in its first exchange, on every rank."""
+
+
 class _Layout:
     """One layout's plan and buffers: on the device for a CUDA plan
     (direct), in pinned host memory for a host plan (staged; plain host
@@ -99,31 +133,42 @@ class _Layout:
 
     def __init__(self, comm, x: Tensor, left, right, dim, padding_mode, direct: bool):
         self.comm, self.left, self.right, self.dim, self.padding_mode = comm, left, right, dim, padding_mode
-        self.n = n = x.shape[dim]
-        self.direct = direct
-        self.device = x.device
+        self.shape, self.n, self.dtype, self.device = tuple(x.shape), x.shape[dim], x.dtype, x.device
         self.cuda = x.device.type == "cuda"
-        kw = {"dtype": x.dtype}
+        n = self.n
+        # The buffers hold x's virtual shard (see _edges): its first `a` and
+        # last `b` slices, or all n when they would meet.
+        a, b = _edges(left, right, padding_mode)
+        self.cut = a + b < n
+        self.a, self.b = (a, b) if self.cut else (n, 0)
+        # The slices the neighbours' halo gradients come back to: x's first
+        # `right` and last `left`, clamped to the shard.
+        self.r_sent, self.l_sent = min(right, n), min(left, n)
+        self._allocate(direct)
+
+    def _allocate(self, direct: bool) -> None:
+        """The buffers and the plan of the direct or the staged path."""
+        self.direct, dim = direct, self.dim
+        kw = {"dtype": self.dtype}
         if direct:
-            kw["device"] = x.device
+            kw["device"] = self.device
         elif self.cuda:
             kw["pin_memory"] = True
-        # The slices x sends: its first `right` (to the left neighbours'
-        # right halos) and its last `left`, clamped to the shard. A padding
-        # other than zeros fills the slots beyond the sequence from slices
-        # that may lie anywhere in a shard: then the whole shard is staged.
-        self.r_sent, self.l_sent = min(right, n), min(left, n)
-        if padding_mode != "zeros":
-            self.r_sent = self.l_sent = n
-        self.x = _outermost(x.shape, dim, **kw)
-        self.gx = _outermost(x.shape, dim, **kw)
         # Every slab one run of memory: no I/O vectors, which UCX's CUDA
         # protocols may not take, and one memcpy per staging copy.
-        self.lh = _outermost(_halo_shape(x.shape, dim, left), dim, **kw)
-        self.rh = _outermost(_halo_shape(x.shape, dim, right), dim, **kw)
-        self.gl = _outermost(_halo_shape(x.shape, dim, left), dim, **kw)
-        self.gr = _outermost(_halo_shape(x.shape, dim, right), dim, **kw)
+        shard = _halo_shape(self.shape, dim, self.a + self.b)
+        self.x = _outermost(shard, dim, **kw)
+        self.gx = _outermost(shard, dim, **kw)
+        self.lh = _outermost(_halo_shape(self.shape, dim, self.left), dim, **kw)
+        self.rh = _outermost(_halo_shape(self.shape, dim, self.right), dim, **kw)
+        self.gl = _outermost(_halo_shape(self.shape, dim, self.left), dim, **kw)
+        self.gr = _outermost(_halo_shape(self.shape, dim, self.right), dim, **kw)
+        if direct and not self.cuda:
+            # The CPU test switch makes a host plan once a CUDA plan's
+            # creation (local) has taken the layout, as it would on a GPU.
+            _lib.Plan(self.comm, self._params(_lib.MEMORY_CUDA))
         self.plan = self._plan()
+        self.agreed = None  # the plan whose first exchange (direct) has been waited for
         # Copies out of pinned buffers still to run before they are rewritten.
         self.fwd_read = self.bwd_read = None
         self.fwd = None  # the forward exchange started last: it owns the buffers until it finishes
@@ -131,20 +176,27 @@ class _Layout:
     def _plan(self):
         key = ("cuda" if self.direct else "staged", self.x.dtype, self.dim, self.left, self.right, tuple(self.x.shape),
                self.padding_mode)
-        memory = _lib.MEMORY_CUDA if self.direct else _lib.MEMORY_HOST
+        memory = _lib.MEMORY_CUDA if self.direct and self.cuda else _lib.MEMORY_HOST
         _inflight.settle(self.comm)
-        return self.comm.plan(key, lambda: buffer_params(self.x, self.lh, self.rh, self.gl, self.gr, self.gx,
-                                                         self.left, self.right, self.dim, memory, self.padding_mode))
+        return self.comm.plan(key, lambda: self._params(memory))
 
-    def _slabs(self, t: Tensor):
-        """The slices of x's layout that the exchange reads or writes: one
-        range when they meet, else the first and the last. (Zero padding
-        reads nothing else; a padding that copies x's edge slices into the
-        halos beyond the sequence needs the edge ranks' edge slices too.)"""
-        n, r, l = self.n, self.r_sent, self.l_sent
-        if r + l >= n:
-            return [t.narrow(self.dim, 0, n)] if n else []
-        return [s for s in (t.narrow(self.dim, 0, r), t.narrow(self.dim, n - l, l)) if s.shape[self.dim]]
+    def _params(self, memory):
+        return buffer_params(self.x, self.lh, self.rh, self.gl, self.gr, self.gx, self.left, self.right, self.dim,
+                             memory, self.padding_mode)
+
+    def _slabs(self, t: Tensor, buf: Tensor):
+        """(slab of t, slab of buf) pairs: the slices of x's layout that the
+        exchange reads or writes (t: x, or a tensor of its shape) and where
+        they lie in buf, one of the layout's buffers of the virtual shard."""
+        a, b, n, d = self.a, self.b, self.n, self.dim
+        if not self.cut:
+            return [(t, buf)] if n else []
+        pairs = [(t.narrow(d, 0, a), buf.narrow(d, 0, a)), (t.narrow(d, n - b, b), buf.narrow(d, a, b))]
+        return [p for p in pairs if p[0].shape[d]]
+
+    def _middle(self, t: Tensor) -> Tensor:
+        """The slices of t (x's shape) that are not in the virtual shard."""
+        return t.narrow(self.dim, self.a, self.n - self.a - self.b)
 
     def _copy(self, dst: Tensor, src: Tensor) -> None:
         """dst <- src on the current stream, one of them (a slab of) a buffer
@@ -154,20 +206,62 @@ class _Layout:
         dst.movedim(self.dim, 0).copy_(src.movedim(self.dim, 0), non_blocking=True)
 
     def _ready(self):
-        """Everything queued on the current stream so far has run: the
-        buffers hold what torch wrote."""
+        """Staged: everything queued on the current stream so far has run,
+        so the buffers hold what torch wrote (the host plan reads them)."""
         if self.cuda:
             torch.cuda.current_stream(self.device).synchronize()
 
     def _reads_queued(self):
         """An event after the copies just queued out of the buffers: the
-        next exchange must not rewrite them (from the CPU, or by the wire
-        after synchronising another stream) before it has passed."""
+        next exchange must not rewrite them before it has passed."""
         if self.cuda:
             e = torch.cuda.Event()
             e.record(torch.cuda.current_stream(self.device))
             return e
         return None
+
+    def _after_reads(self, event) -> None:
+        """Before the buffers are rewritten: the copies out of them (the
+        event) have run. Direct: the current stream waits for them (the
+        exchange, ordered on it, comes after too); staged: the host, whose
+        plan writes them."""
+        if event is None:
+            return
+        if self.direct:
+            torch.cuda.current_stream(self.device).wait_event(event)
+        else:
+            event.synchronize()
+
+    def _stream(self) -> int:
+        """The current stream's handle for the library: CUDA's current
+        stream, or the host emulation's stream (CPU tensors)."""
+        if self.cuda:
+            return _lib.stream_handle(torch.cuda.current_stream(self.device).cuda_stream)
+        return _FAKE_STREAM
+
+    def _start(self, call, *buffers) -> _inflight.Pending:
+        """Start the plan's exchange of the buffers, after the work queued
+        so far: direct, ordered on the current stream (the caller is not
+        blocked; for CPU tensors the host waits at the finish as well);
+        staged, once the stream has run it, on the host."""
+        if not self.direct:
+            self._ready()
+            return _inflight.start(self.plan, call, *buffers)
+        pending = _inflight.start(self.plan, call, *buffers, stream=self._stream(), waiter=self._stream,
+                                  host_wait=not self.cuda)
+        if self.plan is not self.agreed:
+            # A plan's first exchange agrees on it with the other ranks, and
+            # a CUDA plan may refuse the layout there (a slice sent to two
+            # ranks), on every rank alike: the host waits for it, once per
+            # plan, and a refusal makes the caller rerun the call staged.
+            try:
+                pending.wait_host()
+            except HaloError as e:
+                if e.code == _lib.ERR_INVALID_ARGUMENT:
+                    raise _Refused() from e
+                raise
+            self.agreed = self.plan
+        return pending
 
     @torch.no_grad()  # buffers and results are the library's writes, not autograd's
     def start_halos(self, x: Tensor) -> _inflight.Pending:
@@ -176,27 +270,27 @@ class _Layout:
         if self.fwd is not None and not self.fwd.finished:
             # Refused before the buffers it still sends from are touched.
             raise HaloError(_lib.ERR_INVALID_STATE, f"halocp: rank {self.comm.rank}: an exchange of this layout "
-                            f"(shape {tuple(self.x.shape)}, dim {self.dim}) is already in flight (wait for it first)")
-        if self.fwd_read is not None:
-            self.fwd_read.synchronize()
-        for dst, src in zip(self._slabs(self.x), self._slabs(x)):
+                            f"(shape {self.shape}, dim {self.dim}) is already in flight (wait for it first)")
+        self._after_reads(self.fwd_read)
+        for src, dst in self._slabs(x, self.x):
             self._copy(dst, src)
         if self.direct:  # a CUDA plan leaves the slices beyond the sequence alone
             self.lh.zero_()
             self.rh.zero_()
-        self._ready()
-        self.stream = torch.cuda.current_stream(self.device) if self.cuda else None
-        self.fwd = _inflight.start(self.plan, _inflight.HALOS_FORWARD, self.x, self.lh, self.rh)
+        try:
+            self.fwd = self._start(_inflight.HALOS_FORWARD, self.x, self.lh, self.rh)
+        except _Refused:
+            self._allocate(direct=False)
+            return self.start_halos(x)
         return self.fwd
 
     @torch.no_grad()
     def finish_halos(self, left: Tensor, right: Tensor) -> None:
         """Copy the halos of the finished exchange into left and right, on
-        the stream that started it."""
-        with torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext():
-            self._copy(left, self.lh)
-            self._copy(right, self.rh)
-            self.fwd_read = self._reads_queued()
+        the current stream (the one that waited for it, which reads them)."""
+        self._copy(left, self.lh)
+        self._copy(right, self.rh)
+        self.fwd_read = self._reads_queued()
 
     def start_into(self, x: Tensor, left: Tensor, right: Tensor, result):
         """start_halos of x, and a finish() that writes the halos into left
@@ -213,40 +307,48 @@ class _Layout:
     def start_add(self, grad_left: Tensor, grad_right: Tensor, grad_x: Tensor):
         """Start sending the halo gradients back; the returned finish() adds
         the neighbours' into grad_x (x's shape, on its device, holding the
-        rest of x's gradient) once the exchange has finished, on the stream
-        that started it."""
-        if self.bwd_read is not None:
-            self.bwd_read.synchronize()
+        rest of x's gradient) once the exchange has finished, on the current
+        stream."""
+        self._after_reads(self.bwd_read)
         self._copy(self.gl, grad_left)
         self._copy(self.gr, grad_right)
-        mine, theirs = self._slabs(grad_x), self._slabs(self.gx)
-        for dst, src in zip(theirs, mine):
-            if self.direct:
-                dst.zero_()  # +0 where nothing arrives: the reference adds zeros there
-            else:
+        slabs = self._slabs(grad_x, self.gx)
+        if self.direct:
+            # +0 where nothing arrives: the reference adds zeros there. A
+            # host plan (CPU tensors) adds what arrives instead of writing
+            # it: -0 + g is g, bit for bit, and the edge ranks' +0 gives +0.
+            self.gx.fill_(0.0 if self.cuda else -0.0)
+        else:
+            for src, dst in slabs:
                 self._copy(dst, src)
-        self._ready()
-        stream = torch.cuda.current_stream(self.device) if self.cuda else None
-        pending = _inflight.start(self.plan, _inflight.HALOS_BACKWARD, self.gl, self.gr, self.gx)
+        try:
+            pending = self._start(_inflight.HALOS_BACKWARD, self.gl, self.gr, self.gx)
+        except _Refused:
+            self._allocate(direct=False)
+            return self.start_add(grad_left, grad_right, grad_x)
 
         @torch.no_grad()
         def finish():
-            with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
-                self._added(grad_x, mine, theirs)
+            self._added(grad_x, slabs)
 
         return pending, finish
 
-    def _added(self, grad_x: Tensor, mine, theirs) -> None:
+    def _added(self, grad_x: Tensor, slabs) -> None:
         if not self.direct:
-            for dst, src in zip(mine, theirs):
+            for dst, src in slabs:
                 self._copy(dst, src)
+            if self.cut and self.padding_mode != "zeros":
+                # These modes' backward (F.pad's, which a host plan follows)
+                # adds +0 to every slice the padding slots do not feed:
+                # the middle, which the plan never sees, gets it here.
+                self._middle(grad_x).add_(0.0)
             self.bwd_read = self._reads_queued()
             return
         # The reference's order: the right neighbour's gradient (x's last
         # `left` slices), then the left neighbour's (its first `right`).
-        n, d = self.n, self.dim
-        grad_x.narrow(d, n - self.l_sent, self.l_sent).add_(self.gx.narrow(d, n - self.l_sent, self.l_sent))
-        grad_x.narrow(d, 0, self.r_sent).add_(self.gx.narrow(d, 0, self.r_sent))
+        n, nv, d, l, r = self.n, self.a + self.b, self.dim, self.l_sent, self.r_sent
+        grad_x.narrow(d, n - l, l).add_(self.gx.narrow(d, nv - l, l))
+        grad_x.narrow(d, 0, r).add_(self.gx.narrow(d, 0, r))
         self.bwd_read = self._reads_queued()
 
     def add_grads(self, grad_left: Tensor, grad_right: Tensor, grad_x: Tensor) -> None:
@@ -254,6 +356,32 @@ class _Layout:
         pending, finish = self.start_add(grad_left, grad_right, grad_x)
         pending.finish(block=True)
         finish()
+
+
+def _edges(left, right, padding_mode) -> tuple:
+    """(a, b): a shard longer than a + b keeps only its first a and last b
+    slices in its layout's buffers (its virtual shard, all its plan sees);
+    a shorter one keeps all its slices.
+
+    The exchange reads and writes no other slice. The ranks before a shard
+    take at most its first `right` slices as right halo, the ranks after it
+    at most its last `left`; a halo that reaches past a shard (multi-hop)
+    passes only through shards no longer than the halo, which are kept
+    whole, so every halo window, and where each halo gradient goes back,
+    is the same slices as with whole shards: the same bytes on the wire. A
+    padding other than zeros fills the slots beyond the sequence from its
+    ends, which the virtual sequence keeps at the same distance from each
+    end: replicate the edge slice (a, b >= 1), reflect `left` + 1 and
+    `right` + 1 slices (the edge is skipped), circular the first `right` and
+    last `left` (kept anyway). The plan sees virtual lengths: the one error
+    that names a length (a reflect or circular halo longer than the
+    sequence) comes only when no shard was cut, so it names the real one."""
+    a, b = right, left
+    if padding_mode == "replicate":
+        a, b = max(a, min(left, 1)), max(b, min(right, 1))
+    elif padding_mode == "reflect":
+        a, b = max(a, left + 1 if left else 0), max(b, right + 1 if right else 0)
+    return a, b
 
 
 def buffer_params(x, lh, rh, gl, gr, gx, left, right, dim, memory, padding_mode="zeros"):
@@ -270,7 +398,7 @@ def _layout(comm, x: Tensor, left, right, dim, padding_mode) -> _Layout:
     if left < 0 or right < 0:  # before any buffer is sized by them
         raise HaloError(_lib.ERR_INVALID_ARGUMENT, f"halocp: halo sizes must not be negative (left {left}, right {right})")
     cache = comm.cuda_layouts
-    key = (x.device, x.dtype, dim, left, right, tuple(x.shape), padding_mode)
+    key = (x.device, x.is_cpu and _stage_cpu, x.dtype, dim, left, right, tuple(x.shape), padding_mode)
     lay = cache.get(key)
     if lay is not None:
         cache.move_to_end(key)
@@ -278,15 +406,15 @@ def _layout(comm, x: Tensor, left, right, dim, padding_mode) -> _Layout:
         # (a miss remakes it).
         lay.plan = lay._plan()
         return lay
-    direct = x.device.type == "cuda" and _path(comm) == DIRECT
+    direct = _path(comm) == DIRECT if x.is_cuda else _stage_cpu == DIRECT
     if direct:
         try:
             lay = _Layout(comm, x, left, right, dim, padding_mode, True)
         except HaloError as e:
-            # Decided from what every rank agreed on: all of them stage it.
-            # (Deferred plans are agreed in their first exchange, so a CUDA
-            # plan's refusal of a layout may come from that exchange instead,
-            # unhandled here: untested without a GPU and a CUDA-aware UCX.)
+            # A CUDA plan's creation refused the layout (a padding other
+            # than zeros), from arguments every rank shares: all stage it.
+            # A refusal that needs every rank's shard length comes from the
+            # plan's first exchange instead (_Layout._start).
             if e.code != _lib.ERR_INVALID_ARGUMENT:
                 raise
             direct = False

@@ -30,14 +30,21 @@ def run(plan, call: _lib.Call, *tensors) -> None:
 class Pending:
     """One exchange in flight: the plan, the direction, and every tensor the
     library may still touch. Holds no reference to its handle, so that
-    dropping the handle is seen (Exchange.__del__)."""
+    dropping the handle is seen (Exchange.__del__).
 
-    __slots__ = ("plan", "direction", "call", "tensors", "request", "finished")
+    A stream-ordered one (started with a stream) is finished by making a
+    stream wait for it: ``waiter()`` gives the stream, read at the wait
+    (the one that will read the results); the host does not wait, unless
+    ``host_wait`` (torch's work on CPU tensors is not on that stream). Its
+    request is freed once the exchange has ended (see reap)."""
 
-    def __init__(self, plan, call, tensors, request):
+    __slots__ = ("plan", "direction", "call", "tensors", "request", "finished", "stream", "waiter", "host_wait")
+
+    def __init__(self, plan, call, tensors, request, stream=None, waiter=None, host_wait=False):
         self.plan, self.call, self.tensors, self.request = plan, call, tensors, request
         self.direction = call.direction
         self.finished = False
+        self.stream, self.waiter, self.host_wait = stream, waiter, host_wait
 
     def finish(self, block: bool) -> bool:
         """Wait (block) or test; True once finished. Raises HaloError on a
@@ -46,16 +53,33 @@ class Pending:
             return True
         try:
             done = True
-            if block:
+            if not block:
+                done = self.plan.test(self.request)
+            elif self.stream is None:
                 self.plan.wait(self.request)
             else:
-                done = self.plan.test(self.request)
+                self.plan.wait(self.request, self.waiter())
+                if self.host_wait:
+                    self.plan.wait(self.request)
         except HaloError:
             self._release()
             raise
-        if done:
+        if done and block and self.stream is not None and not self.host_wait:
+            # The stream waits for it; the exchange may not have begun yet.
+            self.finished = True
+            self.plan.comm.waited.append(self)
+        elif done:
             self._release()
         return done
+
+    def wait_host(self) -> None:
+        """Wait on the host until the exchange has ended, leaving its finish
+        to the caller; a failure ends it (and is raised)."""
+        try:
+            self.plan.wait(self.request)
+        except HaloError:
+            self._release()
+            raise
 
     def finish_quietly(self) -> None:
         """Wait and swallow a failure: for an exchange abandoned because
@@ -66,18 +90,29 @@ class Pending:
             pass
 
     def _release(self):
-        # The exchange has ended (finished or failed): its request goes.
-        self.plan.free(self.request)
+        # The caller is done with the exchange; its request goes once the
+        # exchange has ended (a stream's wait for it may come first: then
+        # the request, and the tensors the exchange may still touch, wait
+        # in comm.waited).
         self.finished = True
-        self.tensors = ()
+        if self.plan.free(self.request):
+            self.tensors = ()
+        else:
+            self.plan.comm.waited.append(self)
 
 
-def start(plan, call: _lib.Call, *tensors) -> Pending:
-    """Start the asynchronous form of ``call`` (e.g. HALOS_FORWARD) on plan;
-    the returned Pending keeps plan and tensors alive until it finishes."""
-    if plan.comm.dropped:
-        settle(plan.comm)
-    return Pending(plan, call, tensors, plan.start(call, [t.data_ptr() for t in tensors]))
+def start(plan, call: _lib.Call, *tensors, stream: int | None = None, waiter=None, host_wait=False) -> Pending:
+    """Start the asynchronous form of ``call`` (e.g. HALOS_FORWARD) on plan,
+    on the host or ordered on a stream (a _lib.stream_handle, with the
+    waiter and host_wait of Pending); the returned Pending keeps plan and
+    tensors alive until it finishes."""
+    comm = plan.comm
+    if comm.dropped:
+        settle(comm)
+    if comm.waited:
+        reap(comm)
+    request = plan.start(call, [t.data_ptr() for t in tensors], stream)
+    return Pending(plan, call, tensors, request, stream, waiter, host_wait)
 
 
 def settle(comm) -> None:
@@ -91,6 +126,29 @@ def settle(comm) -> None:
     dropped = comm.dropped
     while dropped:
         dropped.pop(0).finish_quietly()
+
+
+def reap(comm) -> None:
+    """Free the requests of the stream-ordered exchanges on comm that were
+    waited for on a stream and have ended since. One that failed did so
+    after its results were handed to the stream: its failure is raised here,
+    by the next exchange halocp starts on the communicator."""
+    failed, waited = None, comm.waited
+    # The proxy runs a communicator's exchanges in the order they were
+    # started: the first one that has not ended ends the look.
+    while waited:
+        p = waited[0]
+        try:
+            if not p.plan.test(p.request):
+                break
+        except HaloError as e:
+            failed = failed or e
+        p.plan.free(p.request)
+        p.tensors = ()
+        waited.pop(0)
+    if failed is not None:
+        raise HaloError(failed.code, f"halocp: rank {comm.rank}: a stream-ordered exchange failed after a stream "
+                        f"was told to wait for it, so the results that stream read are not valid: {failed}")
 
 
 _RUNNING, _FINISHED, _WAITED, _FAILED = "in flight", "finished", "waited", "failed"

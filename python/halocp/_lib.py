@@ -72,6 +72,16 @@ PLAN_PARAM_DEFERRED = 1 << 11
 # halo_direction_t
 DIR_FORWARD, DIR_BACKWARD = 0, 1
 
+# A CUDA stream's handle as halo_exchange_start takes it: CUDA's default
+# stream, whose handle is 0, is CU_STREAM_LEGACY (a NULL stream means none).
+CU_STREAM_LEGACY = 0x1
+
+
+def stream_handle(cuda_stream: int) -> int:
+    """halo_exchange_start's stream argument for a CUstream (torch's
+    ``Stream.cuda_stream``)."""
+    return cuda_stream or CU_STREAM_LEGACY
+
 
 class Call(enum.IntEnum):
     """What a plan call does (Plan.run's first argument)."""
@@ -393,7 +403,8 @@ class Plan:
 
     ``comm`` is halocp's Communicator: its ``handle``, its ``lock`` (one
     thread in the library per communicator) and ``closed`` (its plans went
-    with it) are what this reads.
+    with it) are what this reads. (A call on the host made while
+    stream-ordered exchanges are queued waits for them in the library.)
     """
 
     __slots__ = ("comm", "handle")
@@ -412,14 +423,15 @@ class Plan:
             if rc:
                 raise error(rc, _CALL_NAMES[call])
 
-    def start(self, call: Call, pointers) -> int:
+    def start(self, call: Call, pointers, stream: int | None = None) -> int:
         """halo_exchange_start in call's direction on the buffers' addresses
-        (the blocking call's, in its order), on the host (no stream); the
-        request, for test, wait and free."""
+        (the blocking call's, in its order), on the host (stream None) or
+        ordered on a stream (a stream_handle); the request, for test, wait
+        and free."""
         buffers = (ctypes.c_void_p * len(pointers))(*pointers)
         request = ctypes.c_void_p()
         with self.comm.lock:
-            check(lib().halo_exchange_start(self.handle, int(call.direction), buffers, len(pointers), None,
+            check(lib().halo_exchange_start(self.handle, int(call.direction), buffers, len(pointers), stream,
                                             ctypes.byref(request)), "halo_exchange_start")
         return request.value
 
@@ -430,15 +442,19 @@ class Plan:
             check(lib().halo_request_test(request, ctypes.byref(done)), "halo_request_test")
         return done.value == 1
 
-    def wait(self, request: int) -> None:
-        """Finish a started exchange (within the communicator's timeout)."""
+    def wait(self, request: int, stream: int | None = None) -> None:
+        """Finish a started exchange: on the host (stream None; within the
+        communicator's timeout), or make a stream (a stream_handle) wait
+        for it, returning at once (its error is then the request's test's
+        or host wait's)."""
         with self.comm.lock:
-            check(lib().halo_request_wait(request, None), "halo_request_wait")
+            check(lib().halo_request_wait(request, stream), "halo_request_wait")
 
-    def free(self, request: int) -> None:
-        """Release a request that has ended (finished or failed)."""
+    def free(self, request: int) -> bool:
+        """Release a request that has ended (finished or failed); False,
+        and the request kept, when its exchange has not ended yet."""
         with self.comm.lock:
-            lib().halo_request_free(request)
+            return lib().halo_request_free(request) == SUCCESS
 
     def __del__(self):
         # Local and never hangs. A plan evicted from a cache lives on while

@@ -87,8 +87,9 @@ def route(form: str, t, left, right, dim, group, padding_mode, grad_strides=None
     comm = communicator(group)
     staged = _cuda.wanted(t)
     # Which device: x.device (a new object per call) only for the CUDA
-    # paths; a tensor on another device misses, and is refused below.
-    where = t.device if staged else t.is_cpu
+    # paths (and which of them the CPU test switch asks for); a tensor on
+    # another device misses, and is refused below.
+    where = (t.device, _cuda.stage_cpu_mode()) if staged else t.is_cpu
     key = (form, t.shape, t.stride(), t.dtype, where, dim, left, right, padding_mode, grad_strides)
     r = comm.routes.get(key)
     if r is None:

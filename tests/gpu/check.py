@@ -1,20 +1,27 @@
 """halocp on one GPU: correctness bit for bit, and time against torch.distributed.
 
-    check.py [--cpu] [--world 2] [--quick] [--json FILE]
+    check.py [--cpu | --direct-cpu] [--world 2] [--quick] [--json FILE]
 
 Starts --world ranks (fresh interpreters) on this machine, all on GPU 0;
 torch.distributed's gloo group is only their bootstrap. Each rank checks
 cp_halo_exchange, halos, halo_exchange_ and cp_halo_exchange_start (forward and autograd backward)
 on CUDA tensors for float32 and bfloat16 against the reference module's
 semantics computed on the GPU (tests/python/ranks.py's oracle), also on a
-side stream; then 2 KiB and 2 MiB halos are timed against the same exchange
+side stream, and a started exchange waited for under another stream than
+the one that started it (after a long kernel there that writes x); then
+2 KiB and 2 MiB halos are timed against the same exchange
 over torch.distributed NCCL (or, where NCCL refuses two ranks on one GPU,
 gloo with device copies, labelled as such). The exit status is 0 only when
 every rank passed.
 
 --cpu is the dry run for machines without a GPU: the same checks and timings
 with CPU tensors routed through the staging path for CUDA tensors, against
-gloo on CPU tensors. tests/gpu/README.md says how to run it with the bundle.
+gloo on CPU tensors. --direct-cpu is the dry run of the direct path's code:
+CPU tensors through halocp's direct path on host-memory plans, started on
+streams of libhalo's host emulation of the CUDA driver; its cases are those a
+CUDA plan takes (a host plan takes any layout, so a CUDA plan's refusal, and
+the staged rerun that follows it, cannot be seen there).
+tests/gpu/README.md says how to run it with the bundle.
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ RANK_VAR = "GPU_CHECK_RANK"  # set for the ranks this script starts
 def parse(argv):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--cpu", action="store_true", help="dry run: CPU tensors through the staging path")
+    ap.add_argument("--direct-cpu", action="store_true", help="dry run: CPU tensors through the direct path's code")
     ap.add_argument("--world", type=int, default=2, help="ranks (all on GPU 0), default 2")
     ap.add_argument("--quick", action="store_true", help="fewer timing iterations")
     ap.add_argument("--json", help="rank 0 writes the figures here")
@@ -53,6 +61,8 @@ def launch(args) -> int:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(args.world))
+    if args.direct_cpu:
+        env["HALO_CUDA_DRIVER"] = "host-fake"  # the direct path's streams, on the host
     env.setdefault("GLOO_SOCKET_IFNAME", "lo")
     # halocp from PYTHONPATH (the bundle's) if set, else from this checkout.
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [env.get("PYTHONPATH"), str(HERE.parents[1] / "python")]))
@@ -93,9 +103,10 @@ def rank_main(args) -> int:
     dist.init_process_group("gloo", timeout=timedelta(seconds=120))
     rank, world = dist.get_rank(), dist.get_world_size()
     ranks.RANK, ranks.WORLD = rank, world
+    args.cpu = args.cpu or args.direct_cpu
     if args.cpu:
         dev = torch.device("cpu")
-        args.staging = _cuda.stage_cpu(True)  # kept: for the whole run
+        args.staging = _cuda.stage_cpu("direct" if args.direct_cpu else True)  # kept: for the whole run
         args.staging.__enter__()
     else:
         if not torch.cuda.is_available():
@@ -126,11 +137,13 @@ def rank_main(args) -> int:
     os._exit(status)
 
 
-def _cases(world):
+def _cases(world, direct_cpu=False):
     """(name, shape with None at dim, dim, lengths, left, right, layout)."""
     return [
         ("uneven shards", (2, None, 3), 1, [5 + r % 2 for r in range(world)], 2, 1, "contiguous"),
-        ("halos longer than shards", (3, None), 1, [2 + r % 2 for r in range(world)], 4, 3, "contiguous"),
+        ("long shards (slab-sized buffers)", (2, None, 4), 1, [40 + 3 * r for r in range(world)], 1, 2, "contiguous"),
+        *([] if direct_cpu else  # a CUDA plan refuses it (staged); a host plan would take it
+          [("halos longer than shards", (3, None), 1, [2 + r % 2 for r in range(world)], 4, 3, "contiguous")]),
         ("dim 0, permuted x", (None, 4, 5), 0, [3] * world, 1, 1, "permuted"),
         ("right halo only", (None, 6), 0, [4] * world, 0, 2, "contiguous"),
     ]
@@ -143,11 +156,11 @@ def correctness(args, dev, rank, world) -> str:
     import ranks
     from ranks import expect_bits, oracle_backward, oracle_forward, random_values
 
-    checked = 0
+    checked = crossed = 0
     streams = [None]
     if dev.type == "cuda":
         streams.append(torch.cuda.Stream(dev))  # the exchange on a side stream: its ordering is the test
-    for case_no, (name, shape, dim, lengths, L, R, layout) in enumerate(_cases(world)):
+    for case_no, (name, shape, dim, lengths, L, R, layout) in enumerate(_cases(world, args.direct_cpu)):
         for dtype in (torch.float32, torch.bfloat16):
             for stream in streams:
                 for again in range(2):  # the second time through the cached plan and buffers
@@ -183,7 +196,40 @@ def correctness(args, dev, rank, world) -> str:
                     expect_bits(started_gx, want_gx, f"{what}: cp_halo_exchange_start gradient")
                     ranks.expect(out.device == dev and gx.device == dev, f"{what}: results left {dev}")
                     checked += 1
-    return f"({checked} cases x 4 calls, forward and backward, bit for bit)"
+                if dev.type == "cuda":
+                    out, gx = _across_streams(halocp, torch, shards[rank], grads[rank], L, R, dim)
+                    expect_bits(out, oracle_forward(shards, rank, L, R, dim), f"{name} {dtype}: started on one stream, "
+                                "waited for under another: output")
+                    expect_bits(gx, oracle_backward(grads, lengths, rank, L, R, dim), f"{name} {dtype}: started on one "
+                                "stream, waited for under another: gradient")
+                    crossed += 1
+    return f"({checked} cases x 4 calls, forward and backward, bit for bit; {crossed} across streams)"
+
+
+def _across_streams(halocp, torch, shard, grad, L, R, dim):
+    """cp_halo_exchange_start on stream a, after a long kernel there and
+    the copy that writes x; then a long kernel on a again, and the wait,
+    the backward and the reads under stream b: the exchange must come after
+    a's first kernel, and b must see the results without waiting for a's
+    second (which any result copies left on a would sit behind)."""
+    dev = shard.device
+    a, b = torch.cuda.Stream(dev), torch.cuda.Stream(dev)
+    x = torch.empty_like(shard)
+    a.wait_stream(torch.cuda.current_stream(dev))
+    b.wait_stream(torch.cuda.current_stream(dev))  # grad was written there
+    with torch.cuda.stream(a):
+        torch.cuda._sleep(20_000_000)
+        x.copy_(shard)
+        x.requires_grad_(True)
+        h = halocp.cp_halo_exchange_start(x, L, R, dim)
+        torch.cuda._sleep(50_000_000)
+    with torch.cuda.stream(b):
+        out = h.wait()
+        out.backward(grad)
+        got = out.detach().clone(), x.grad.clone()
+    torch.cuda.current_stream(dev).wait_stream(b)
+    torch.cuda.current_stream(dev).wait_stream(a)
+    return got
 
 
 class _Null:
@@ -293,13 +339,21 @@ def timing(args, dev, rank, world) -> str:
             with _cuda.stage_cpu(False):
                 rows[-1]["halocp_cpu_path_p50_us"] = _time(lambda: halocp.cp_halo_exchange(x, 1, 1, 0), sync, warm, iters)[0]
     # What one stream synchronisation costs (the staged path makes one per
-    # direction before the host plan reads the slabs).
-    sync_cost = None
+    # direction before the host plan reads the slabs), and the host time of
+    # one started and waited exchange with no device synchronisation (the
+    # direct path's is stream-ordered: the caller is not blocked).
+    sync_cost = host_us = None
     if dev.type == "cuda":
+        x = torch.randn(8, 512, device=dev)
+        warm, iters = (20, 200) if not args.quick else (3, 20)
+        host_us = _time(lambda: halocp.cp_halo_exchange_start(x, 1, 1, 0).wait(), lambda: None, warm, iters)[0]
+        sync()
         s = torch.cuda.current_stream(dev)
         sync_cost = _time(lambda: torch.cuda._sleep(1) or s.synchronize(), lambda: None, 20, 200)[0]
     if rank == 0:
         path = halocp.cuda_path()
+        if dev.type == "cpu":  # what the dry run routes CPU tensors through
+            path = "direct path's code, host-fake streams" if args.direct_cpu else "staging path's code"
         print(f"# cp_halo_exchange forward, 2 ranks on one {dev.type} device, x (8, C) float32, dim 0, left = right = 1")
         print(f"# halocp path: {path}; baseline: torch.distributed {baseline}" + (f" ({why})" if why else ""))
         print("# times per call from the caller's side, device synchronised after each; median and p99 of back-to-back calls")
@@ -313,9 +367,12 @@ def timing(args, dev, rank, world) -> str:
                 print(f"# {r['halo']}: halocp's CPU path (no staging) in the same run: p50 {r['halocp_cpu_path_p50_us']:.1f} us")
         if sync_cost is not None:
             print(f"# one stream synchronisation after a tiny kernel: {sync_cost:.1f} us (median)")
+        if host_us is not None:
+            print(f"# host time of cp_halo_exchange_start(2 KiB).wait() with no device sync ({path}): {host_us:.1f} us (median)")
         if args.json:
             Path(args.json).write_text(json.dumps({"device": str(dev), "path": path, "baseline": baseline,
-                                                   "baseline_note": why, "stream_sync_us": sync_cost, "rows": rows},
+                                                   "baseline_note": why, "stream_sync_us": sync_cost,
+                                                   "host_us_start_wait": host_us, "rows": rows},
                                                   indent=2))
     return f"(baseline {baseline})"
 

@@ -13,7 +13,8 @@
 # ./gpu-proof), and their figures go to $OUT/*.json. The exit status is 0
 # only when every step passed; steps past the 290 s budget are skipped, failed. --cpu is the dry run on a machine
 # with no GPU: the GPU probes are skipped and the checks run on CPU tensors
-# (the proxy with the host-fake driver, halocp's staging path).
+# (the proxy with the host-fake driver, halocp's staging path and its direct
+# path's code on host-fake streams).
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 bundle=${GPU_BUNDLE:-$here/bundle}
@@ -124,6 +125,10 @@ for u in "${ucxs[@]}"; do
   step "halocp_$u" 90 "$py" "$here/check.py" "${mode[@]}" $quick --timeout 85 --json "$out/halocp_$u.json"
   step "timing_$u" 90 "$py" "$here/timing.py" "${mode[@]}" $quick --timeout 85 --json "$out/timing_$u.json"
 done
+if [ $cpu = 1 ]; then  # the direct path's code, on CPU memory and the driver's host emulation
+  debian_ucx
+  step halocp_direct_cpu 60 "$py" "$here/check.py" --direct-cpu $quick --timeout 55 --json "$out/halocp_direct_cpu.json"
+fi
 
 "$py" - "$log" "$out/proof.json" <<'PY'
 import json, sys

@@ -11,8 +11,11 @@ in the same processes (median per rank, the slowest rank reported), by:
   on the current stream (needs a UCX that moves CUDA memory; the dry run
   takes a host plan and the driver's host emulation), and the host time the
   two starts block their caller;
-- staged: halocp.halos on CUDA tensors, forward and autograd backward (the
-  path halocp takes: staged through pinned buffers with Debian's UCX);
+- halocp: halocp.halos on CUDA tensors, forward and autograd backward, on
+  the path halocp takes (halocp_path: staged through pinned buffers with
+  Debian's UCX, direct and stream-ordered with the wheel's), and, where that
+  is the direct path, the same on a communicator told to stage (staged), in
+  the same processes;
 - gloo: torch.distributed isend/irecv of the same slabs (gloo's P2P takes
   host tensors: device -> host, send, host -> device; NCCL refuses two ranks
   on one GPU);
@@ -129,6 +132,13 @@ def rank_main(args) -> int:
     direct = not gpu or h.moves_cuda
     stream = torch.cuda.current_stream().cuda_stream or 1 if gpu else 0x51  # 1: CU_STREAM_LEGACY
 
+    # Where halocp's path is the direct one: a second communicator, told
+    # to stage (its cached path choice, set before any exchange on it).
+    staging_group = None
+    if halocp.cuda_path() == "direct":
+        staging_group = dist.new_group([0, 1])
+        halocp.communicator(staging_group).cuda_path = "staged"
+
     for name, slab in sizes.items():
         dtype = torch.bfloat16 if gpu else torch.float32
         if not gpu:
@@ -138,15 +148,25 @@ def rank_main(args) -> int:
         shape[2] = FRAMES
         x = torch.randn(shape, device=dev).to(dtype).requires_grad_()
         row = {"size": name, "halo_bytes": x[:, :, :L].numel() * x.element_size()}
-        # staged: halocp's own path for CUDA tensors
-        def staged():
-            lh, rh = halocp.halos(x, L, R, 2)
-            torch.autograd.backward([lh, rh], [torch.ones_like(lh), torch.ones_like(rh)])
-        try:
-            row["staged_us"] = slowest(timed(staged, sync, iters))
-        except Exception:  # noqa: BLE001 - recorded, then the next method
-            row["staged_error"] = traceback.format_exc()[-800:]
-            failures += 1
+        # halocp's own path for CUDA tensors, and its staged path beside it
+        def through(group):
+            def call():
+                lh, rh = halocp.halos(x, L, R, 2, group)
+                torch.autograd.backward([lh, rh], [torch.ones_like(lh), torch.ones_like(rh)])
+            return call
+        row["halocp_path"] = halocp.cuda_path()
+        for key, group in (("halocp_us", None), ("staged_us", staging_group)):
+            if group is None and key == "staged_us":
+                continue
+            try:
+                row[key] = slowest(timed(through(group), sync, iters))
+            except Exception:  # noqa: BLE001 - recorded, then the next method
+                row[key[:-3] + "_error"] = traceback.format_exc()[-800:]
+                failures += 1
+        if row["halocp_path"] == "staged":
+            row["staged_us"] = row.get("halocp_us")
+        elif row.get("halocp_us") and row.get("staged_us"):
+            row["staged_vs_halocp"] = row["staged_us"] / row["halocp_us"]  # the issue's >= 10x
         # gloo P2P through host copies, forward and backward
         send = [x.detach()[:, :, :R].contiguous(), x.detach()[:, :, -L:].contiguous()]
         def gloo():
@@ -192,7 +212,7 @@ def rank_main(args) -> int:
             h.lib.halo_plan_destroy(plan)
         else:
             row["direct"] = "skipped: this UCX does not move CUDA memory"
-        for k in ("ipc_floor_us", "staged_us", "gloo_us"):
+        for k in ("ipc_floor_us", "staged_us", "gloo_us", "halocp_us"):
             if row.get("direct_us") and row.get(k):
                 row[f"direct_vs_{k[:-3]}"] = row["direct_us"] / row[k]
         results.append(row)

@@ -14,13 +14,15 @@ import pytest
 from launcher import expect_scenario, launch
 
 HERE = Path(__file__).resolve().parent
-SCENARIOS = ["memory", "staged_exchange", "staged_padding", "staged_async", "staged_errors", "staged_halos", "staged_nn"]
+SCENARIOS = ["memory", "staged_exchange", "staged_padding", "staged_async", "staged_errors", "staged_halos", "staged_nn",
+             "slabs", "direct", "direct_handles", "handover", "failed_after_wait", "refused"]
 
 
 @pytest.fixture(scope="module", params=[2, 3], ids=lambda w: f"W{w}")
 def ranks(request):
     """One launch of W ranks per world size, running every scenario."""
-    return launch(HERE / "ranks_cuda.py", request.param, SCENARIOS, timeout=120)
+    # The host emulation of the CUDA driver: the direct path's streams on CPU.
+    return launch(HERE / "ranks_cuda.py", request.param, SCENARIOS, timeout=120, env={"HALO_CUDA_DRIVER": "host-fake"})
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
