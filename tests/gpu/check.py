@@ -196,13 +196,13 @@ def correctness(args, dev, rank, world) -> str:
                     expect_bits(started_gx, want_gx, f"{what}: cp_halo_exchange_start gradient")
                     ranks.expect(out.device == dev and gx.device == dev, f"{what}: results left {dev}")
                     checked += 1
-                if dev.type == "cuda":
-                    out, gx = _across_streams(halocp, torch, shards[rank], grads[rank], L, R, dim)
-                    expect_bits(out, oracle_forward(shards, rank, L, R, dim), f"{name} {dtype}: started on one stream, "
-                                "waited for under another: output")
-                    expect_bits(gx, oracle_backward(grads, lengths, rank, L, R, dim), f"{name} {dtype}: started on one "
-                                "stream, waited for under another: gradient")
-                    crossed += 1
+            if dev.type == "cuda":
+                out, gx = _across_streams(halocp, torch, shards[rank], grads[rank], L, R, dim)
+                expect_bits(out, oracle_forward(shards, rank, L, R, dim), f"{name} {dtype}: started on one stream, "
+                            "waited for under another: output")
+                expect_bits(gx, oracle_backward(grads, lengths, rank, L, R, dim), f"{name} {dtype}: started on one "
+                            "stream, waited for under another: gradient")
+                crossed += 1
     return f"({checked} cases x 4 calls, forward and backward, bit for bit; {crossed} across streams)"
 
 
