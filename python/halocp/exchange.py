@@ -230,7 +230,10 @@ def cp_halo_exchange_start(x: Tensor, left_size: int, right_size: int, dim: int,
 
     The messages are posted and the shard copied into the padded output
     before this returns; the halos arrive while the caller computes, in the
-    library calls ``handle.test()`` and ``handle.wait()``. Until the wait,
+    library calls ``handle.test()`` and ``handle.wait()``. (CUDA tensors on
+    the direct path: the exchange is ordered on the current stream, after
+    the work queued there, and ``wait()`` makes the stream current at the
+    wait wait for it, without blocking the caller; docs/python.md.) Until the wait,
     the exchange owns ``x`` (do not modify it) and the output. The result is
     differentiable exactly as :func:`cp_halo_exchange`'s when ``x`` requires
     grad and grad mode is on at start (the graph node is recorded by the
