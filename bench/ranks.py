@@ -1,14 +1,17 @@
 """Starts the ranks of a bench/ script on this machine: the script runs
 itself once per rank with torch.distributed's environment (gloo over
-loopback), rank 0's output shown, and every rank ended by its deadline."""
+loopback), rank 0's output shown, and every rank ended by its deadline.
+Also the scripts' shared timing loop (interleaved)."""
 
 from __future__ import annotations
 
 import ctypes
 import os
 import socket
+import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -37,6 +40,26 @@ def launch(script: str, world: int, deadline: float, env_extra: dict | None = No
                 p.kill()
                 p.wait()
     return max(codes)
+
+
+def interleaved(fns: dict, rounds: int, iters: int, warmup: int = 3, before_block=None) -> dict:
+    """Median block mean of each function, in µs: `rounds` blocks of
+    `iters` calls each, the functions' blocks interleaved so that a change
+    of load hits them alike; before_block() (a barrier, say) runs before
+    every block, outside its time."""
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    blocks = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            if before_block is not None:
+                before_block()
+            t0 = time.perf_counter()
+            for _ in range(iters):
+                fn()
+            blocks[name].append((time.perf_counter() - t0) / iters * 1e6)
+    return {name: statistics.median(b) for name, b in blocks.items()}
 
 
 def peak_rss_growth(run) -> int:

@@ -29,9 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
-import time
 
 import ranks  # bench/ranks.py, beside this script
 
@@ -56,18 +54,7 @@ def main() -> int:
              ((1, 32, 8, 32, 32), torch.channels_last_3d, "channels_last_3d", ("C", "T", "H", "W"))]
 
     def timed(fns):
-        """Median block mean of each function, in µs, blocks interleaved."""
-        for fn in fns.values():
-            for _ in range(5):
-                fn()
-        blocks = {name: [] for name in fns}
-        for _ in range(args.rounds):
-            for name, fn in fns.items():
-                t0 = time.perf_counter()
-                for _ in range(args.iters):
-                    fn()
-                blocks[name].append((time.perf_counter() - t0) / args.iters * 1e6)
-        return {name: statistics.median(b) for name, b in blocks.items()}
+        return ranks.interleaved(fns, args.rounds, args.iters, warmup=5)
 
     def ex(t, dim):
         return halocp.cp_halo_exchange(t, 1, 1, dim)

@@ -27,9 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
-import time
 
 import ranks  # bench/ranks.py, beside this script
 
@@ -62,18 +60,7 @@ def main() -> int:
         return run
 
     def timed(fns):
-        for fn in fns.values():
-            for _ in range(3):
-                fn()
-        blocks = {name: [] for name in fns}
-        for _ in range(args.rounds):
-            for name, fn in fns.items():
-                dist.barrier()
-                t0 = time.perf_counter()
-                for _ in range(args.iters):
-                    fn()
-                blocks[name].append((time.perf_counter() - t0) / args.iters * 1e6)
-        return {name: statistics.median(b) for name, b in blocks.items()}
+        return ranks.interleaved(fns, args.rounds, args.iters, warmup=3, before_block=dist.barrier)
 
     print(f"# halos forward + backward, 2 ranks, float32, dim 2, halo 1 a side, 1 torch thread; "
           f"rank 0's median of {args.rounds} blocks of {args.iters} calls")
