@@ -2,10 +2,12 @@ package benchmark
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -140,7 +142,7 @@ func TestCheckPasses(t *testing.T) {
 						o.Shape, o.Dim, o.Left, o.Right, o.DType, o.InPlace = lc.shape, lc.dim, lc.l, lc.r, dt, inPlace
 						o.Padding = pad
 						o.MinBytes, o.MaxBytes, o.StepFactor = 8, 64, 8
-						o.Warmup, o.Iters, o.Check = 1, 3, true
+						o.Warmup, o.Iters, o.Check, o.CheckIters = 1, 3, true, 4
 						cases, err := o.Validate()
 						if err != nil {
 							t.Fatal(err)
@@ -168,8 +170,8 @@ func TestCheckPasses(t *testing.T) {
 							t.Fatalf("%d rows for %d cases and 2 ops", len(rows), len(cases))
 						}
 						for _, r := range rows {
-							if r.Wrong != 0 || r.Iters != 3 {
-								t.Errorf("%s %d B: %d wrong in %d iterations", r.Op, r.Bytes, r.Wrong, r.Iters)
+							if r.Wrong != 0 || r.Iters != 3 || r.CheckedIters != 4 {
+								t.Errorf("%s %d B: %d wrong in %d checked iterations (%d timed)", r.Op, r.Bytes, r.Wrong, r.CheckedIters, r.Iters)
 							}
 							if W > 1 && r.SentBytes <= 0 {
 								t.Errorf("%s %d B: busiest rank sends %d bytes", r.Op, r.Bytes, r.SentBytes)
@@ -313,7 +315,8 @@ func TestTable(t *testing.T) {
 	s := summarize(rows, true)
 	tab.footer(s, rows)
 	out := buf.String()
-	for _, want := range []string{"#wrong", "busbw", "GB = 1e9", "ucx_perftest", "Result             : PASS", "Avg bus bandwidth"} {
+	for _, want := range []string{"#wrong", "busbw", "GB = 1e9", "ucx_perftest", "Result             : PASS", "Avg bus bandwidth",
+		"timed back to back", "20 iterations of their own after the timed ones", "load average before the run", "half a ping-pong round trip"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("table lacks %q:\n%s", want, out)
 		}
@@ -364,5 +367,28 @@ func TestPlotAndJSON(t *testing.T) {
 	}
 	if b, err := os.ReadFile(path); err != nil || !bytes.Contains(b, []byte(`"busbw_gbs"`)) {
 		t.Errorf("json: %v\n%s", err, b)
+	}
+}
+
+// TestReporterOffRankZero: every rank but 0 runs the same program with a
+// nil reporter, which prints and writes nothing.
+func TestReporterOffRankZero(t *testing.T) {
+	o := Defaults()
+	o.JSONPath = "/nonexistent-dir-for-sure/x.json" // not checked off rank 0
+	r, err := newReporter(Config{}, &o, 1, time.Now(), zerolog.Nop())
+	if err != nil || r != nil {
+		t.Fatalf("rank 1: reporter %v, %v", r, err)
+	}
+	if err := r.perftestHere(context.Background(), nil); err != nil {
+		t.Fatal(err)
+	}
+	r.begin(2, nil)
+	r.add(1, Case{}, []Row{{}})
+	r.abandon()
+	if rep, err := r.finish(); rep != nil || err != nil {
+		t.Fatalf("rank 1 finished with %v, %v", rep, err)
+	}
+	if !strings.Contains(loadNote(float64(runtime.NumCPU())), "LOADED") || strings.Contains(loadNote(0), "LOADED") {
+		t.Errorf("load notes: %q, %q", loadNote(float64(runtime.NumCPU())), loadNote(0))
 	}
 }

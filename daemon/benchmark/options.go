@@ -52,6 +52,9 @@ type Options struct {
 	MinIters int           `json:"min_iters"`
 	MaxIters int           `json:"max_iters"`
 	Check    bool          `json:"check"`
+	// CheckIters is how many iterations --check verifies, after the
+	// timed ones and apart from them.
+	CheckIters int `json:"check_iters"`
 
 	// Rank 0's outputs.
 	JSONPath        string `json:"json_path,omitempty"`
@@ -86,7 +89,7 @@ func Defaults() Options {
 		Left: 1, Right: 1, DType: "float32",
 		MinBytes: 8, MaxBytes: 256 << 20, StepFactor: 2,
 		Ops: []string{"forward", "backward"}, InPlace: true, Transfer: "auto", Padding: "zeros",
-		Warmup: 10, Duration: 300 * time.Millisecond, MinIters: 5, MaxIters: 100000,
+		Warmup: 10, CheckIters: 20, Duration: 300 * time.Millisecond, MinIters: 5, MaxIters: 100000,
 		Progress: "auto",
 	}
 }
@@ -221,6 +224,8 @@ func (o *Options) Validate() ([]Case, error) {
 		return nil, optErr("--warmup %d is negative", o.Warmup)
 	case o.Iters < 0:
 		return nil, optErr("--iters %d is negative", o.Iters)
+	case o.Check && o.CheckIters < 1:
+		return nil, optErr("--check-iters %d: --check needs at least one iteration", o.CheckIters)
 	case o.Iters == 0 && o.Duration <= 0:
 		return nil, optErr("--duration must be positive when --iters is 0")
 	case o.MinIters < 1:

@@ -35,9 +35,11 @@ type Row struct {
 	// Bandwidths at the median time, GB = 1e9 bytes.
 	AlgBW float64 `json:"algbw_gbs"`
 	BusBW float64 `json:"busbw_gbs"`
-	// Wrong counts wrong elements over all iterations and ranks; -1 when
-	// the data was not checked.
-	Wrong int64 `json:"wrong"`
+	// Wrong counts wrong elements over the checked iterations (run after
+	// the timed ones, untimed) and all ranks; -1 when the data was not
+	// checked.
+	Wrong        int64 `json:"wrong"`
+	CheckedIters int   `json:"checked_iters"`
 	// Perftest is ucx_perftest at the same size, with our median latency
 	// over its tag_lat (lower is better) and our busbw over its tag_bw.
 	Perftest *PerftestResult `json:"perftest,omitempty"`
@@ -97,6 +99,10 @@ type Meta struct {
 	Started     time.Time         `json:"started"`
 	Env         map[string]string `json:"env"`
 	Options     Options           `json:"options"`
+	// LoadStart is the 1-minute load average before the benchmark ran
+	// (-1: unknown), on CPUs CPUs: a loaded machine's figures are noise.
+	LoadStart float64 `json:"load_start"`
+	CPUs      int     `json:"cpus"`
 }
 
 // Summary is the footer.
@@ -107,6 +113,9 @@ type Summary struct {
 	AvgBusBW   float64 `json:"avg_busbw_gbs"`
 	Verdict    string  `json:"verdict"` // PASS, FAIL, or UNCHECKED
 	ElapsedSec float64 `json:"elapsed_s"`
+	// LoadEnd is the 1-minute load average at the end, the ranks' own
+	// spinning included.
+	LoadEnd float64 `json:"load_end"`
 }
 
 func fmtBytes(n int64) string {
@@ -162,12 +171,14 @@ func (t *table) header(m *Meta, cases []Case) {
 	} else {
 		fmt.Fprintf(t.w, "# timing: %d warm-up iterations, then as many as fit in %s per size (%d to %d)\n", o.Warmup, o.Duration, o.MinIters, o.MaxIters)
 	}
-	fmt.Fprintf(t.w, "# time: the slowest rank's call, per iteration; p50/p99 over iterations. algbw = size/p50, busbw = bytes the busiest rank sends/p50; GB = 1e9 B\n")
+	fmt.Fprintf(t.w, "# time: one exchange both ways (every rank sends its halos and receives its neighbours'), timed back to back;\n")
+	fmt.Fprintf(t.w, "#   per iteration the slowest rank's call, p50/p99 over iterations. algbw = size/p50, busbw = bytes the busiest rank sends/p50; GB = 1e9 B\n")
 	if o.Check {
-		fmt.Fprintf(t.w, "# check: every iteration's data verified on every rank\n")
+		fmt.Fprintf(t.w, "# check: %d iterations of their own after the timed ones, every element verified on every rank (untimed)\n", max(o.CheckIters, 1))
 	} else {
 		fmt.Fprintf(t.w, "# check: off (#wrong shows -1; run with --check to verify the data)\n")
 	}
+	fmt.Fprintf(t.w, "# load average before the run: %s\n", loadNote(m.LoadStart))
 	if len(o.RankCPUs) > 0 {
 		fmt.Fprintf(t.w, "# binding: rank r on CPU %s (rank order)\n", intList(o.RankCPUs))
 	}
@@ -176,7 +187,8 @@ func (t *table) header(m *Meta, cases []Case) {
 		if o.PerftestAcross {
 			where = "between hosts (server on rank 0, client on rank 1)"
 		}
-		fmt.Fprintf(t.w, "# ucx_perftest, run in this same run %s: tag_lat p50 (one-way, half a round trip) and tag_bw (one stream)\n", where)
+		fmt.Fprintf(t.w, "# ucx_perftest, run in this same run %s: tag_lat p50 (one message one way: half a ping-pong round trip)\n", where)
+		fmt.Fprintf(t.w, "#   and tag_bw (a stream of pipelined messages one way); an exchange both ways can at best match tag_lat and tag_bw\n")
 		fmt.Fprintf(t.w, "#   lat ratio = our p50 / tag_lat (lower is better); bw ratio = our busbw / tag_bw (higher is better)\n")
 	}
 	fmt.Fprintln(t.w, "#")
@@ -255,7 +267,7 @@ func (t *table) footer(s Summary, rows []Row) {
 	case "FAIL":
 		fmt.Fprintf(t.w, "# Wrong values       : %d  FAIL\n", s.Wrong)
 	case "PASS":
-		fmt.Fprintf(t.w, "# Wrong values       : 0  OK (every iteration checked on every rank)\n")
+		fmt.Fprintf(t.w, "# Wrong values       : 0  OK (the check iterations verified on every rank)\n")
 	default:
 		fmt.Fprintf(t.w, "# Wrong values       : not checked (run with --check)\n")
 	}
@@ -273,6 +285,9 @@ func (t *table) footer(s Summary, rows []Row) {
 		if len(lat) > 0 {
 			fmt.Fprintf(t.w, "# vs ucx_perftest    : latency ratio %.2fx (geometric mean), bandwidth ratio %.2fx (geometric mean)\n", geomean(lat), geomean(bw))
 		}
+	}
+	if s.LoadEnd >= 0 {
+		fmt.Fprintf(t.w, "# Load average       : %.2f at the end (the ranks' own spinning included)\n", s.LoadEnd)
 	}
 	fmt.Fprintf(t.w, "# Result             : %s\n", s.Verdict)
 }

@@ -45,27 +45,12 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	log := cfg.Log.With().Int("rank", rank).Logger()
 	started := time.Now()
 
-	if rank == 0 {
-		if err := CheckOutputs(&o); err != nil {
-			return nil, err
-		}
+	rep, err := newReporter(cfg, &o, rank, started, log)
+	if err != nil {
+		return nil, err
 	}
-
-	// ucx_perftest runs before the communicator opens, so the two never
-	// compete for the cores; the other ranks wait in the rendezvous.
-	var prog *Progress
-	if rank == 0 {
-		prog = NewProgress(cfg.Stderr, o.Progress, cfg.StderrIsTerminal)
-	}
-	if rank == 0 && o.ComparePerftest && o.Perftest == nil && !o.PerftestAcross {
-		sizes := perftestSizes(cases)
-		prog.Start(len(sizes), "ucx_perftest")
-		pt, err := RunPerftest(ctx, o.PerftestPath, sizes, perftestCPUs(o.RankCPUs), log, prog.Set)
-		prog.Finish()
-		if err != nil {
-			return nil, err
-		}
-		o.Perftest = pt
+	if err := rep.perftestHere(ctx, cases); err != nil {
+		return nil, err
 	}
 
 	c, err := comm.New(cfg.Comm)
@@ -80,6 +65,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 	defer coll.close()
 	if o.ComparePerftest && o.PerftestAcross && c.Size() > 1 {
+		prog := rep.progress()
 		sizes := perftestSizes(cases)
 		prog.Start(len(sizes), "ucx_perftest")
 		pt, err := runPerftestAcross(ctx, coll, o.PerftestPath, c.Config().Rendezvous, sizes, c.Config().Timeout, log, prog.Set)
@@ -90,59 +76,21 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		o.Perftest = pt
 	}
 
-	var tab *table
-	var meta *Meta
-	if rank == 0 {
-		meta = newMeta(c.Size(), o, started)
-		tab = &table{w: cfg.Stdout, perftest: o.ComparePerftest}
-		tab.header(meta, cases)
-		prog.Start(len(cases), "halo")
-	}
-	var rows []Row
+	rep.begin(c.Size(), cases)
 	for i, cs := range cases {
 		if err := ctx.Err(); err != nil {
+			rep.abandon()
 			return nil, err
 		}
 		rs, err := runCase(c, coll, &o, cs, log)
 		if err != nil {
-			prog.Finish()
+			rep.abandon()
 			return nil, err
 		}
-		if rank == 0 {
-			for k := range rs {
-				rs[k].setPerftest(perftestAt(o.Perftest, cs.Bytes))
-				prog.clear()
-				tab.row(&rs[k])
-			}
-			rows = append(rows, rs...)
-			prog.Set(i + 1)
-		}
+		rep.add(i+1, cs, rs)
 	}
-	if rank != 0 {
-		log.Debug().Msg("done")
-		return nil, nil
-	}
-	prog.Finish()
-	sum := summarize(rows, o.Check)
-	sum.ElapsedSec = time.Since(started).Seconds()
-	tab.footer(sum, rows)
-	rep := &Report{Meta: *meta, Rows: rows, Summary: sum}
-	if o.JSONPath != "" {
-		if err := writeJSON(o.JSONPath, rep); err != nil {
-			return rep, fmt.Errorf("writing --json %s: %w", o.JSONPath, err)
-		}
-		log.Info().Str("file", o.JSONPath).Msg("wrote results")
-	}
-	if o.PlotPath != "" {
-		if err := drawPlot(o.PlotPath, meta, rows); err != nil {
-			return rep, fmt.Errorf("drawing --plot %s: %w", o.PlotPath, err)
-		}
-		log.Info().Str("file", o.PlotPath).Msg("wrote plot")
-	}
-	if sum.Wrong > 0 {
-		return rep, fmt.Errorf("%w: %d wrong values", ErrWrong, sum.Wrong)
-	}
-	return rep, nil
+	log.Debug().Msg("done")
+	return rep.finish()
 }
 
 // CheckOutputs finds out now, not after the whole run, that the --json or
@@ -314,58 +262,39 @@ func runCase(c group, coll *collective, o *Options, cs Case, log zerolog.Logger)
 }
 
 // runOp warms one op up, agrees with the other ranks on how many
-// iterations to time, times them, and returns rank 0's row (without its
-// statistics) or nil on the other ranks.
+// iterations to time, times them back to back as training runs them, then,
+// with --check, verifies the data in iterations of its own (nccl-tests'
+// way: a rank that verifies between timed calls makes its peers' next
+// timed call wait for it). It returns rank 0's row (without its
+// statistics), or nil on the other ranks.
 func runOp(c group, coll *collective, o *Options, cs Case, spec *halo.Spec, t *tensors, plan *halo.Plan, chk *checker, op string, log zerolog.Logger) (*Row, error) {
-	var wrong int64
-	var first *mismatch
-	step := func(it int) (time.Duration, error) {
+	call := func() error {
 		var err error
-		var dt time.Duration
 		if op == "forward" {
-			if o.Check {
-				chk.fillForward(it, t.x, t.out, o.InPlace)
-			}
-			t0 := nanotime()
 			err = plan.Forward(t.x.base, t.out.base)
-			dt = time.Duration(nanotime() - t0)
-			if err == nil && o.Check {
-				n, m := chk.verifyForward(it, t.out)
-				wrong += n
-				if first == nil {
-					first = m
-				}
-			}
 		} else {
-			if o.Check {
-				chk.fillBackward(it, t.gradOut)
-			}
-			t0 := nanotime()
 			err = plan.Backward(t.gradOut.base, t.gradX.base)
-			dt = time.Duration(nanotime() - t0)
-			if err == nil && o.Check {
-				n, m := chk.verifyBackward(it, t.gradX)
-				wrong += n
-				if first == nil {
-					first = m
-				}
-			}
 		}
 		if err != nil {
-			return 0, fmt.Errorf("%s of a %s halo: %w", op, fmtBytes(cs.Bytes), err)
+			return fmt.Errorf("%s of a %s halo: %w", op, fmtBytes(cs.Bytes), err)
 		}
-		return dt, nil
+		return nil
+	}
+	step := func() (time.Duration, error) {
+		t0 := nanotime()
+		err := call()
+		return time.Duration(nanotime() - t0), err
 	}
 
-	// Warm-up. The median wall time of its iterations (checks included)
-	// sizes the timed run: the first ones also pay for connection set-up.
+	// Warm-up. The median wall time of its iterations sizes the timed
+	// run: the first ones also pay for connection set-up.
 	warm := make([]float64, 0, o.Warmup+1)
 	for it := 0; it < max(o.Warmup, 1); it++ {
 		if it >= o.Warmup && o.Iters > 0 {
 			break
 		}
 		t0 := time.Now()
-		if _, err := step(it); err != nil {
+		if _, err := step(); err != nil {
 			return nil, err
 		}
 		warm = append(warm, time.Since(t0).Seconds())
@@ -384,7 +313,7 @@ func runOp(c group, coll *collective, o *Options, cs Case, spec *halo.Spec, t *t
 
 	times := make([]float64, iters)
 	for it := range times {
-		dt, err := step(o.Warmup + it)
+		dt, err := step()
 		if err != nil {
 			return nil, err
 		}
@@ -394,6 +323,37 @@ func runOp(c group, coll *collective, o *Options, cs Case, spec *halo.Spec, t *t
 		own := append([]float64(nil), times...)
 		sort.Float64s(own)
 		e.Int("iters", iters).Float64("p50_us", percentile(own, 50)).Float64("p99_us", percentile(own, 99)).Msg("this rank's own times")
+	}
+
+	// The check: every element filled with a value of its iteration and
+	// verified after the call, on every rank, untimed.
+	var wrong int64
+	var first *mismatch
+	checked := 0
+	if o.Check {
+		checked = max(o.CheckIters, 1)
+	}
+	for k := range checked {
+		it := o.Warmup + iters + k
+		if op == "forward" {
+			chk.fillForward(it, t.x, t.out, o.InPlace)
+		} else {
+			chk.fillBackward(it, t.gradOut)
+		}
+		if err := call(); err != nil {
+			return nil, err
+		}
+		var n int64
+		var m *mismatch
+		if op == "forward" {
+			n, m = chk.verifyForward(it, t.out)
+		} else {
+			n, m = chk.verifyBackward(it, t.gradX)
+		}
+		wrong += n
+		if first == nil {
+			first = m
+		}
 	}
 	if first != nil {
 		log.Error().Int64("wrong", wrong).Str("first", first.String()).Msg("wrong data")
@@ -412,7 +372,7 @@ func runOp(c group, coll *collective, o *Options, cs Case, spec *halo.Spec, t *t
 		return nil, nil
 	}
 	r := &Row{Op: op, Bytes: cs.Bytes, Count: cs.Count, DType: spec.DType.String(), Shape: spec.Shape,
-		Dim: spec.Dim, Left: spec.Left, Right: spec.Right, Wrong: -1, times: times}
+		Dim: spec.Dim, Left: spec.Left, Right: spec.Right, Wrong: -1, CheckedIters: checked, times: times}
 	if o.Check {
 		r.Wrong = int64(math.Round(wr[0]))
 	}

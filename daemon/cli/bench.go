@@ -72,7 +72,9 @@ func benchFlags() []ucli.Flag {
 		&ucli.IntFlag{Name: "max-iters", Value: d.MaxIters, EnvVars: []string{"HALO_BENCH_MAX_ITERS"},
 			Usage: "most timed iterations per size under --duration"},
 		boolFlag{&ucli.BoolFlag{Name: "check", Aliases: []string{"c"}, EnvVars: []string{"HALO_BENCH_CHECK"},
-			Usage: "verify every iteration's data on every rank (#wrong; exit status 3 if any is wrong)"}},
+			Usage: "verify the data on every rank, in iterations of their own after the timed ones (#wrong; exit status 3 if any is wrong)"}},
+		&ucli.IntFlag{Name: "check-iters", Value: d.CheckIters, EnvVars: []string{"HALO_BENCH_CHECK_ITERS"},
+			Usage: "iterations --check verifies, per op at each size (untimed)"},
 		// Output.
 		&ucli.StringFlag{Name: "json", EnvVars: []string{"HALO_BENCH_JSON"},
 			Usage: "write every row, and how the run was made, to `FILE` as JSON"},
@@ -128,8 +130,10 @@ server on rank 0's host and its client on rank 1's.
 
 Columns: size = halo bytes per side; time = the slowest rank's call, median
 (p50) and 99th percentile over the iterations; algbw = size / p50;
-busbw = bytes the busiest rank sends / p50 (GB = 1e9 bytes). #wrong counts
-wrong values over every iteration and rank (-1 without --check).
+busbw = bytes the busiest rank sends / p50 (GB = 1e9 bytes). Timed calls run
+back to back; --check verifies the data in --check-iters iterations of their
+own after them, untimed, and #wrong counts wrong values over those and every
+rank (-1 without --check).
 Exit status: 0 success, 1 failure, 2 bad usage, 3 wrong data.`,
 		Flags:  benchFlags(),
 		Action: bench,
@@ -170,7 +174,7 @@ func benchOptions(c *ucli.Context) (benchmark.Options, error) {
 	o.Warmup, o.Iters = c.Int("warmup"), c.Int("iters")
 	o.Duration = duration(c, "duration")
 	o.MinIters, o.MaxIters = c.Int("min-iters"), c.Int("max-iters")
-	o.Check = c.Bool("check")
+	o.Check, o.CheckIters = c.Bool("check"), c.Int("check-iters")
 	o.JSONPath, o.PlotPath = c.String("json"), c.String("plot")
 	o.ComparePerftest = c.Bool("compare-perftest")
 	o.PerftestPath = c.String("perftest-path")
