@@ -277,18 +277,31 @@ def group_token(group) -> str:
     if group is None:
         return ""
     token = _group_name(group)
-    _groups_by_token[token] = group
+    # While torch.compile traces, a group held by a module is a placeholder
+    # (FakeScriptObject) that names the group but cannot run a collective:
+    # only a real group is kept for the ops to find at run time.
+    if not _is_placeholder(group):
+        _groups_by_token[token] = group
     return token
+
+
+def _is_placeholder(group) -> bool:
+    # type(), not isinstance: a FakeScriptObject passes for the class it stands for.
+    return type(group).__name__ == "FakeScriptObject"
 
 
 def token_group(token: str):
     """The group a token names (None: the default group)."""
     if not token:
         return None
-    try:
-        return _groups_by_token[token]
-    except KeyError:
-        raise HaloError(_lib.ERR_INVALID_ARGUMENT, f"halocp: no process group has token {token!r}") from None
+    group = _groups_by_token.get(token)
+    if group is None:
+        try:  # a group first seen by the tracer: torch's registry of names
+            group = dist.distributed_c10d._resolve_process_group(token)
+        except Exception:  # noqa: BLE001 - no such name, or another torch version
+            raise HaloError(_lib.ERR_INVALID_ARGUMENT, f"halocp: no process group has token {token!r}") from None
+        _groups_by_token[token] = group
+    return group
 
 
 def communicator(group=None, *, timeout: float | None = None) -> Communicator:

@@ -251,6 +251,20 @@ def scenario_transpose():
     _same(Sum(), torch.randn(2, 1, 4 + ranks.RANK, 3, dtype=torch.float64), exact=True, what="cp_halo_sum")
 
 
+def scenario_group_forms():
+    """Every layer under each of the three group forms: None, the default
+    group by name and an explicit sub-group (DP x CP needs one)."""
+    torch.manual_seed(29)
+    sub = dist.new_group(list(range(ranks.WORLD)))
+    for name, group in (("None", None), ("WORLD", dist.group.WORLD), ("a new group", sub)):
+        layer = halocp.nn.ConvTranspose3d(2, 3, (4, 3, 3), stride=(2, 1, 1), padding=1, group=group)
+        _same(layer, torch.randn(1, 2, 2 + ranks.RANK, 3, 2), what=f"ConvTranspose3d, group={name}")
+        layer = halocp.nn.CausalConv3d(2, 2, 3, stride=(2, 1, 1), padding=1, group=group)
+        _same(layer, torch.randn(1, 2, 3 + ranks.RANK, 3, 2), what=f"CausalConv3d, group={name}")
+        norm = halocp.nn.GroupNorm(2, 4, group=group)
+        _same(norm, torch.randn(1, 4, 2 + ranks.RANK, 3, 2), what=f"GroupNorm, group={name}")
+
+
 def scenario_inductor():
     """Inductor (the default backend) on a strided layer into a
     ConvTranspose3d: the convolutions over lengths that are data to the
