@@ -143,3 +143,25 @@ class Like:
     @property
     def is_cpu(self):
         return self.device.type == "cpu"
+
+
+def mark_sharded(x: torch.Tensor, dim: int = 2) -> torch.Tensor:
+    """Tell ``torch.compile`` that ``x``'s ``dim`` is a sharded length, which
+    may be any number from step to step, so that one graph serves them all.
+
+    Call it on the compiled model's input, outside the model, every step
+    (it marks the tensor, not the model). Without it dynamo compiles a shape
+    it has seen once as static, then once more with a dynamic length, and
+    again for each rank whose shard is 1 frame long (a size it specialises);
+    with it, the length is unbacked from the first call. A rank's first empty
+    shard still compiles once more: a 0-long dim changes the tensor's
+    strides. Eager calls (and a call while tracing) are unchanged; returns x.
+    """
+    if is_compiling():
+        return x
+    try:
+        from torch._dynamo.decorators import mark_unbacked
+    except ImportError:  # a torch without dynamo: nothing compiles
+        return x
+    mark_unbacked(x, dim % x.dim())
+    return x

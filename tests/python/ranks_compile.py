@@ -265,6 +265,27 @@ def scenario_group_forms():
         _same(norm, torch.randn(1, 4, 2 + ranks.RANK, 3, 2), what=f"GroupNorm, group={name}")
 
 
+def scenario_changing_lengths():
+    """Shard lengths that change every step, 1-frame shards included, marked
+    with halocp.mark_sharded: one graph for them all (a rank's first empty
+    shard adds one), and the eager results every step."""
+    torch.manual_seed(37)
+    model = torch.nn.Sequential(halocp.nn.CausalConv3d(2, 4, 3, padding=1), halocp.nn.GroupNorm(2, 4),
+                                halocp.nn.CausalConv3d(4, 2, 3, stride=(2, 1, 1), padding=1))
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(model, backend=counter, fullgraph=True)
+    steps = [(3, 4), (1, 5), (2, 2), (4, 1), (1, 1), (5, 3), (0, 2), (6, 6)]
+    for s, lengths in enumerate(steps):
+        x = torch.randn(1, 2, lengths[ranks.RANK], 3, 3)
+        want = model(x)
+        got = compiled(halocp.mark_sharded(x.clone(), 2))
+        expect(got.shape == want.shape and torch.allclose(got, want, rtol=1e-5, atol=1e-6),
+               f"step {s}, lengths {lengths}: compiled output differs from eager")
+        empty = any(steps[k][ranks.RANK] == 0 for k in range(s + 1))
+        expect(counter.frame_count <= 1 + empty,
+               f"step {s}, lengths {lengths}: {counter.frame_count} graphs compiled for changing shard lengths")
+
+
 def scenario_inductor():
     """Inductor (the default backend) on a strided layer into a
     ConvTranspose3d: the convolutions over lengths that are data to the
