@@ -333,7 +333,7 @@ def _sharded_conv(layer, x, pads, sharded):
     spatial dim, sharded maps a spatial dim to the group it is sharded over
     (the others are local, padded here)."""
     nsp = x.dim() - 2
-    mode = layer.padding_mode
+    modes = _padding_modes(layer, nsp)
     exchanges = []  # (dim, group, left halo, right halo, this rank's row of the shard table)
     for i in sorted(sharded):
         k, s, dil = layer.kernel_size[i], layer.stride[i], layer.dilation[i]
@@ -342,7 +342,8 @@ def _sharded_conv(layer, x, pads, sharded):
         exchanges.append((2 + i, sharded[i], pl, max(e - pl, pr, 0), [x.shape[2 + i], k, s, dil, pl, pr]))
     dims = [dim for dim, *_ in exchanges]
     local = [pads[i] if i not in sharded else (0, 0) for i in range(nsp)]
-    conv_padding = [l for l, r in local] if mode == "zeros" and all(l == r for l, r in local) else [0] * nsp
+    zeros = all(m == "zeros" for (l, r), m in zip(local, modes) if l or r)
+    conv_padding = [l for l, r in local] if zeros and all(l == r for l, r in local) else [0] * nsp
     conv = (list(layer.stride), conv_padding, list(layer.dilation), layer.groups)
     name = type(layer).__name__
     # Every call, even where the split could be known locally (stride 1,
@@ -353,33 +354,58 @@ def _sharded_conv(layer, x, pads, sharded):
         # whose fake implementations give it as an unbacked size (_ops.py).
         splits = [torch.ops.halocp.conv_split(x, dim, row, _token(group), name) for dim, group, _, _, row in exchanges]
         for dim, group, left, right, _ in exchanges:
-            x = cp_halo_exchange(x, left, right, dim, group, mode)
-        x = _pad_locally(x, local, conv_padding, mode)
+            x = cp_halo_exchange(x, left, right, dim, group, modes[dim - 2])
+        x = _pad_locally(x, local, conv_padding, modes)
         return torch.ops.halocp.window_conv(x, layer.weight, layer.bias, torch.stack(splits), dims, *conv)
     splits = [_split(name, dim, group, row) for dim, group, _, _, row in exchanges]
     for dim, group, left, right, _ in exchanges:
-        x = cp_halo_exchange(x, left, right, dim, group, mode)
-    x = _pad_locally(x, local, conv_padding, mode)
+        x = cp_halo_exchange(x, left, right, dim, group, modes[dim - 2])
+    x = _pad_locally(x, local, conv_padding, modes)
     window, out_shape = _conv_window(x, layer.weight, splits, dims, *conv[:3])
     if window is None:
         return _NoOutput.apply(x, layer.weight, layer.bias, out_shape)
     return _CONV[nsp](window, layer.weight, layer.bias, *conv)
 
 
-def _pad_locally(x, local, conv_padding, mode):
+def _padding_modes(layer, nsp):
+    """The padding mode of each spatial dim: a 3-d layer's temporal one
+    (``temporal_padding_mode``) for its first, ``padding_mode`` for the rest."""
+    modes = [layer.padding_mode] * nsp
+    temporal = getattr(layer, "temporal_padding_mode", None)
+    if nsp == 3 and temporal is not None:
+        modes[0] = temporal
+    return modes
+
+
+def _pad_locally(x, local, conv_padding, modes):
     """x padded along its local dims, where the convolution does not pad
-    them itself. After the exchanges, which it commutes with (the halos of
-    a padded shard are the padded halos), so that the tensor's length along
-    a sharded dim is the shard's plus its halos: never 0 where there are
-    halos, even when it is data to a traced graph."""
+    them itself, time first (as the models that pad time and space
+    differently do: the spatial padding covers the padded frames). After the
+    exchanges, which it commutes with (the halos of a padded shard are the
+    padded halos), so that the tensor's length along a sharded dim is the
+    shard's plus its halos: never 0 where there are halos, even when it is
+    data to a traced graph."""
     if not any(l or r for l, r in local) or any(conv_padding):
         return x
-    # torch pads an empty tensor only with a constant (and an empty shard has
-    # no values to pad with). Under torch.compile an unbacked length (a
-    # previous layer's output count) is taken as not 0: an empty shard with
-    # no halos would fail here.
-    constant = mode == "zeros" or known(x.numel() == 0, False)
-    return F.pad(x, [p for l, r in reversed(local) for p in (l, r)], "constant" if constant else mode)
+    # One F.pad per run of dims that share a mode, the first dims first.
+    runs = []
+    for i, ((l, r), m) in enumerate(zip(local, modes)):
+        if l or r:
+            if runs and runs[-1][0] == m:
+                runs[-1][1].append(i)
+            else:
+                runs.append((m, [i]))
+    for mode, dims in runs:
+        # torch pads an empty tensor only with a constant (and an empty shard
+        # has no values to pad with). Under torch.compile an unbacked length
+        # (a previous layer's output count) is taken as not 0: an empty shard
+        # with no halos would fail here.
+        constant = mode == "zeros" or known(x.numel() == 0, False)
+        # Every spatial dim named (0 where this run does not pad): torch's
+        # non-constant modes take all of them or the last ones only.
+        pads = [p for i in reversed(range(len(local))) for p in (local[i] if i in dims else (0, 0))]
+        x = F.pad(x, pads, "constant" if constant else mode)
+    return x
 
 
 def _split(layer_name, dim, group, row):
@@ -440,13 +466,18 @@ def _check_input(layer, x, nsp):
 
 class _ContextParallelConv3d(torch.nn.Conv3d):
     def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, groups=1,
-                 bias=True, padding_mode="zeros", device=None, dtype=None, *, group=None, grid=None):
+                 bias=True, padding_mode="zeros", device=None, dtype=None, *, group=None, grid=None,
+                 temporal_padding_mode=None):
+        if temporal_padding_mode not in (None, "zeros", "reflect", "replicate", "circular"):
+            raise ValueError(f"temporal_padding_mode must be one of zeros, reflect, replicate or circular (or None: "
+                             f"padding_mode's), not {temporal_padding_mode!r}")
         st, sh, sw = _temporal_and_spatial(stride, "stride", 1)
         ph, pw = _pair(padding, "padding")
         super().__init__(in_channels, out_channels, kernel_size, stride=(st, sh, sw), padding=(0, ph, pw),
                          dilation=dilation, groups=groups, bias=bias, padding_mode=padding_mode, device=device,
                          dtype=dtype)
         self.group = group
+        self.temporal_padding_mode = temporal_padding_mode or padding_mode
         self.left, self.right = self._halo(self.dilation[0] * (self.kernel_size[0] - 1))
         self.grid = grid
         if grid is not None:
@@ -469,7 +500,7 @@ class _ContextParallelConv3d(torch.nn.Conv3d):
             return self.forward(x.unsqueeze(0)).squeeze(0)
         if self.grid is not None:
             return _sharded_conv(self, x, self._pads(), _tiled_dims(self.grid))
-        if self.stride[0] != 1 or self.padding_mode != "zeros":
+        if self.stride[0] != 1 or self.padding_mode != "zeros" or self.temporal_padding_mode != "zeros":
             return _sharded_conv(self, x, self._pads(), {0: self.group})
         if is_compiling():
             return self._compiled_stride_1(x)
@@ -496,7 +527,9 @@ class _ContextParallelConv3d(torch.nn.Conv3d):
 
     def extra_repr(self) -> str:
         grid = "" if self.grid is None else f", grid={'x'.join(map(str, self.grid.shape))}"
-        return super().extra_repr() + f", temporal halo=({self.left}, {self.right})" + grid
+        mode = "" if self.temporal_padding_mode == self.padding_mode else \
+            f", temporal_padding_mode={self.temporal_padding_mode}"
+        return super().extra_repr() + f", temporal halo=({self.left}, {self.right})" + mode + grid
 
 
 def _temporal_and_spatial(v, name, temporal_default):
@@ -523,8 +556,11 @@ class CausalConv3d(_ContextParallelConv3d):
     per call (on every path but the fused one below), which also checks
     that the ranks agree on the convolution (``HaloError(ERR_MISMATCH)``
     otherwise). ``padding_mode`` is torch's
-    ("zeros", "reflect", "replicate", "circular"), at the ends of the
-    sequence as at the spatial borders. ``group=None`` means the default
+    ("zeros", "reflect", "replicate", "circular"), at the spatial borders
+    and, unless ``temporal_padding_mode`` (one of the same) says otherwise,
+    at the ends of the sequence (CogVideoX and LTX-Video replicate in time
+    and pad space with zeros: ``temporal_padding_mode="replicate"``). Time
+    is padded first, so the spatial padding covers the padded frames. ``group=None`` means the default
     process group, or, when torch.distributed is not initialised, one
     process with the whole sequence. ``grid=`` (a 3-d :class:`halocp.TileGrid`,
     instead of ``group``) tiles T x H x W as :class:`TiledConv3d` does, for

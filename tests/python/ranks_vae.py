@@ -266,6 +266,46 @@ def scenario_subgroups():
 # ---------------------------------------------------------- the VAE blocks
 
 
+def scenario_temporal_padding():
+    """CausalConv3d and CenteredConv3d (stride 1 and 2) with a temporal
+    padding mode apart from the spatial one, CogVideoX's and LTX-Video's
+    way: F.pad along T with temporal_padding_mode, then torch's Conv3d with
+    zero (or reflect) spatial padding, on the whole clip. Uneven and empty
+    shards; outputs, input gradients and summed weight gradients."""
+    import torch.nn.functional as F
+
+    configs = [
+        (halocp.nn.CausalConv3d, dict(kernel_size=3, padding=1), "replicate", "zeros"),
+        (halocp.nn.CausalConv3d, dict(kernel_size=3, padding=1, stride=(2, 1, 1)), "replicate", "zeros"),
+        (halocp.nn.CenteredConv3d, dict(kernel_size=3, padding=1), "replicate", "zeros"),
+        (halocp.nn.CenteredConv3d, dict(kernel_size=3, padding=1), "zeros", "reflect"),
+    ]
+    for lengths in splits():
+        total = sum(lengths)
+        for i, (cls, kw, tmode, smode) in enumerate(configs):
+            torch.manual_seed(700 + i)
+            layer = cls(2, 3, dtype=torch.float64, padding_mode=smode, temporal_padding_mode=tmode, **kw)
+            full = torch.nn.Conv3d(2, 3, layer.kernel_size, layer.stride, 0, layer.dilation, dtype=torch.float64)
+            full.load_state_dict(layer.state_dict())
+            xg = torch.randn(1, 2, total, 4, 3, dtype=torch.float64, requires_grad=True)
+            t = F.pad(xg, (0, 0, 0, 0, layer.left, layer.right), "constant" if tmode == "zeros" else tmode)
+            ph, pw = layer.padding[1], layer.padding[2]
+            yg = full(F.pad(t, (pw, pw, ph, ph, 0, 0), "constant" if smode == "zeros" else smode))
+            gg = torch.randn_like(yg)
+            yg.backward(gg)
+            x = shard(xg.detach(), lengths).clone().requires_grad_()
+            y = layer(x)
+            # This rank's outputs: those of the inputs j*s it holds.
+            s, a, n = layer.stride[0], offsets(lengths)[ranks.RANK], lengths[ranks.RANK]
+            first, count = -(-a // s), -(-(a + n) // s) - -(-a // s)
+            what = f"{layer} over {lengths}"
+            close(y, yg.detach().narrow(2, first, count), 1e-12, f"{what}: output")
+            y.backward(gg.narrow(2, first, count))
+            close(x.grad, shard(xg.grad, lengths), 1e-12, f"{what}: input grad")
+            close(summed(layer.weight.grad), full.weight.grad, 1e-12, f"{what}: weight grad")
+            close(summed(layer.bias.grad), full.bias.grad, 1e-12, f"{what}: bias grad")
+
+
 def scenario_vae():
     """The example's causal encoder and decoder blocks, sharded, == the same
     blocks on one process: outputs and every gradient."""
