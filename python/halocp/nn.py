@@ -6,8 +6,8 @@ Each rank holds a shard of the time axis of an ``(N, C, T, H, W)`` input
 of ranks (TiledConv2d, TiledConv3d); the layer fetches the context its
 kernel needs from the neighbouring ranks and convolves, so that the ranks'
 outputs put together, and every gradient, are those of the same convolution
-over the whole tensor. Weight gradients are per rank, as with any
-data-parallel layer: sum them over the group (DDP and FSDP do).
+over the whole tensor. Weight gradients are per rank: sum them over the
+group (DDP and FSDP average: docs/python.md says what to do).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from ._layout import (contiguous_strides as _contiguous_strides, dim_order, empt
                       strides_in_order)
 from .exchange import HALOS, _empty_halos, _token, cp_halo_exchange, halos, is_compiling, route
 from .tiles import TileGrid
+from ._splits import ShardTable as _ShardTable, agree as _agree, outputs as _outputs, split as _split
 
 __all__ = ["CausalConv3d", "CenteredConv3d", "TiledConv2d", "TiledConv3d"]
 
@@ -281,34 +282,6 @@ def _route(x, cfg, fused):
 # length, itself exchanged (see _ShardTable).
 
 
-class _ShardTable:
-    """Every rank's shard length along a sharded dim, with the layer's
-    convolution along it: one halos-only exchange of one row per rank, whose
-    halos reach every other rank. Every rank sees the same table, so a
-    disagreement raises the same error on all of them."""
-
-    COLUMNS = ("length", "kernel", "stride", "dilation", "left padding", "right padding")
-
-    @staticmethod
-    def rows(group, row):
-        world = dist.get_world_size(group)
-        mine = torch.tensor([row], dtype=torch.float64)
-        if world == 1:
-            return mine
-        before, after = halos(mine, world - 1, world - 1, 0, group)
-        rank = dist.get_rank(group)
-        return torch.cat([before[world - 1 - rank:], mine, after[:world - 1 - rank]])
-
-
-def _outputs(stride, e, pl, pr, lengths, rank):
-    """(phase, count) of rank's outputs along a dim split in lengths."""
-    a, total = sum(lengths[:rank]), sum(lengths)
-    outputs = (total + pl + pr - e - 1) // stride + 1 if total + pl + pr > e else 0
-    first = min(-(-a // stride), outputs)
-    last = outputs if rank == len(lengths) - 1 else min(-(-(a + lengths[rank]) // stride), outputs)
-    return first * stride - a, max(last - first, 0)
-
-
 class _NoOutput(torch.autograd.Function):
     """An empty output that keeps the graph: its backward still runs this
     rank's part of the exchanges' backwards, which its peers wait for."""
@@ -408,18 +381,6 @@ def _pad_locally(x, local, conv_padding, modes):
     return x
 
 
-def _split(layer_name, dim, group, row):
-    """(phase, count) of this rank's outputs along dim, from row (its shard
-    length and the layer's convolution along dim; see _ShardTable.COLUMNS)
-    and every other rank's: one exchange of the table, which also checks
-    that the ranks agree on the convolution."""
-    table = _ShardTable.rows(group, row)
-    _agree(layer_name, table, dim)
-    _, k, s, dil, pl, pr = row
-    lengths = [int(v) for v in table[:, 0].tolist()]
-    return _outputs(s, dil * (k - 1), pl, pr, lengths, dist.get_rank(group))
-
-
 def _conv_window(padded, weight, splits, dims, stride, padding, dilation):
     """(window, output shape): the part of padded (the shard with its halos
     along dims, split there as splits says) that this rank's outputs read,
@@ -442,17 +403,6 @@ def _output_shape(x, weight, dims, stride, padding, dilation):
         e = dilation[i] * (weight.shape[2 + i] - 1)
         shape.append(None if 2 + i in dims else max((x.shape[2 + i] + 2 * padding[i] - e - 1) // stride[i] + 1, 0))
     return shape
-
-
-def _agree(layer_name, table, dim):
-    rows = table[:, 1:]
-    bad = [r for r in range(len(rows)) if not torch.equal(rows[r], rows[0])]
-    if bad:
-        have = "; ".join(f"rank {r}: " + ", ".join(f"{c} {int(v)}" for c, v in zip(_ShardTable.COLUMNS[1:], rows[r].tolist()))
-                         for r in [0] + bad)
-        raise HaloError(_lib.ERR_MISMATCH,
-                        f"halocp.nn: {layer_name}: the ranks sharing dim {dim} disagree on the "
-                        f"convolution along it ({have})")
 
 
 def _check_input(layer, x, nsp):
@@ -658,6 +608,7 @@ class TiledConv3d(_TiledConv, torch.nn.Conv3d):
 
 # Layers that live in modules of their own (issue 21), exported here with the others.
 from .norm import GroupNorm  # noqa: E402
+from .pool import AvgPool3d, MaxPool3d  # noqa: E402
 from .transpose import ConvTranspose3d  # noqa: E402
 
-__all__ += ["GroupNorm", "ConvTranspose3d"]
+__all__ += ["GroupNorm", "ConvTranspose3d", "AvgPool3d", "MaxPool3d"]

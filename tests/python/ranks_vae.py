@@ -306,6 +306,55 @@ def scenario_temporal_padding():
             close(summed(layer.bias.grad), full.bias.grad, 1e-12, f"{what}: bias grad")
 
 
+def scenario_pooling():
+    """AvgPool3d and MaxPool3d over a sharded T (CogVideoX's pairwise
+    temporal average, padded, strided and dilated windows), uneven and
+    empty shards, against torch's layer on the whole clip: outputs and
+    input gradients, bit for bit where the same frames are pooled in the
+    same order (they are: a window is never split across ranks' sums)."""
+    configs = [
+        (halocp.nn.AvgPool3d, torch.nn.AvgPool3d, dict(kernel_size=(2, 1, 1), stride=(2, 1, 1))),
+        (halocp.nn.AvgPool3d, torch.nn.AvgPool3d, dict(kernel_size=3, stride=(2, 2, 1), padding=1)),
+        (halocp.nn.AvgPool3d, torch.nn.AvgPool3d, dict(kernel_size=(3, 2, 2), stride=1, padding=(0, 1, 0),
+                                                       count_include_pad=False)),
+        (halocp.nn.AvgPool3d, torch.nn.AvgPool3d, dict(kernel_size=(2, 2, 1), stride=(1, 2, 1), padding=(1, 0, 0),
+                                                       divisor_override=3)),
+        (halocp.nn.MaxPool3d, torch.nn.MaxPool3d, dict(kernel_size=(3, 2, 2), stride=(2, 2, 2), padding=(1, 0, 0))),
+        (halocp.nn.MaxPool3d, torch.nn.MaxPool3d, dict(kernel_size=(2, 3, 3), stride=1, padding=1, dilation=(2, 1, 1))),
+    ]
+    for lengths in splits():
+        total = sum(lengths)
+        a, n = offsets(lengths)[ranks.RANK], lengths[ranks.RANK]
+        for i, (ours, theirs, kw) in enumerate(configs):
+            layer, full = ours(**kw), theirs(**kw)
+            torch.manual_seed(800 + i)
+            xg = torch.randn(2, 3, total, 4, 5, dtype=torch.float64, requires_grad=True)
+            k, s = layer._k[0], layer._s[0]
+            try:
+                yg = full(xg)
+            except RuntimeError:  # torch refuses a clip this short (every rank alike)
+                continue
+            gg = torch.randn_like(yg)
+            yg.backward(gg)
+            first = min(-(-a // s), yg.shape[2])
+            last = yg.shape[2] if ranks.RANK == ranks.WORLD - 1 else min(-(-(a + n) // s), yg.shape[2])
+            x = shard(xg.detach(), lengths).clone().requires_grad_()
+            y = layer(x)
+            what = f"{layer} over {lengths}"
+            expect_bits(y, yg.detach().narrow(2, first, max(last - first, 0)), f"{what}: output")
+            y.backward(gg.narrow(2, first, max(last - first, 0)))
+            close(x.grad, shard(xg.grad, lengths), 1e-12, f"{what}: input grad")
+    # Ranks that disagree on the window all fail alike.
+    if ranks.WORLD > 1:
+        layer = halocp.nn.AvgPool3d((2 + ranks.RANK % 2, 1, 1), stride=(2, 1, 1))
+        try:
+            layer(torch.randn(1, 1, 4, 2, 2))
+        except halocp.HaloError as e:
+            expect(e.code == halocp.ERR_MISMATCH and "disagree on the window" in str(e), f"mismatch: {e}")
+        else:
+            raise ranks.Failure("ranks with different pooling windows raised nothing")
+
+
 def scenario_vae():
     """The example's causal encoder and decoder blocks, sharded, == the same
     blocks on one process: outputs and every gradient."""

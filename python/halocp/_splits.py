@@ -1,0 +1,73 @@
+"""Where a layer's outputs fall when its input is sharded along a dim: every
+rank's shard length and the layer's window along that dim in one small
+exchange (which also checks that the ranks agree on the window), and the
+split of the global outputs it gives. The convolutions of halocp.nn and the
+pooling layers of halocp.pool share it; the compiled path's conv_split op
+runs it too.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from . import _lib
+from ._lib import HaloError
+from .exchange import halos
+
+
+class ShardTable:
+    """Every rank's shard length along a sharded dim, with the layer's
+    convolution along it: one halos-only exchange of one row per rank, whose
+    halos reach every other rank. Every rank sees the same table, so a
+    disagreement raises the same error on all of them."""
+
+    COLUMNS = ("length", "kernel", "stride", "dilation", "left padding", "right padding")
+
+    @staticmethod
+    def rows(group, row):
+        world = dist.get_world_size(group)
+        mine = torch.tensor([row], dtype=torch.float64)
+        if world == 1:
+            return mine
+        before, after = halos(mine, world - 1, world - 1, 0, group)
+        rank = dist.get_rank(group)
+        return torch.cat([before[world - 1 - rank:], mine, after[:world - 1 - rank]])
+
+
+def outputs(stride, e, pl, pr, lengths, rank):
+    """(phase, count) of rank's outputs along a dim split in lengths."""
+    a, total = sum(lengths[:rank]), sum(lengths)
+    count = (total + pl + pr - e - 1) // stride + 1 if total + pl + pr > e else 0
+    first = min(-(-a // stride), count)
+    last = count if rank == len(lengths) - 1 else min(-(-(a + lengths[rank]) // stride), count)
+    return first * stride - a, max(last - first, 0)
+
+
+def split(layer_name, dim, group, row, what="convolution"):
+    """(phase, count) of this rank's outputs along dim, from row (its shard
+    length and the layer's convolution along dim; see ShardTable.COLUMNS)
+    and every other rank's: one exchange of the table, which also checks
+    that the ranks agree on the convolution."""
+    return split_and_lengths(layer_name, dim, group, row, what)[:2]
+
+
+def split_and_lengths(layer_name, dim, group, row, what="convolution"):
+    """split's (phase, count), and every rank's shard length."""
+    table = ShardTable.rows(group, row)
+    agree(layer_name, table, dim, what)
+    _, k, s, dil, pl, pr = row
+    lengths = [int(v) for v in table[:, 0].tolist()]
+    return (*outputs(s, dil * (k - 1), pl, pr, lengths, dist.get_rank(group)), lengths)
+
+
+def agree(layer_name, table, dim, what="convolution"):
+    rows = table[:, 1:]
+    bad = [r for r in range(len(rows)) if not torch.equal(rows[r], rows[0])]
+    if bad:
+        have = "; ".join(f"rank {r}: " + ", ".join(f"{c} {int(v)}" for c, v in zip(ShardTable.COLUMNS[1:],
+                                                                                      rows[r].tolist()))
+                         for r in [0] + bad)
+        raise HaloError(_lib.ERR_MISMATCH,
+                        f"halocp.nn: {layer_name}: the ranks sharing dim {dim} disagree on the "
+                        f"{what} along it ({have})")
