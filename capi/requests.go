@@ -84,7 +84,7 @@ func proxyOf(ce *commEntry) (*cuda.Proxy, error) {
 }
 
 //export haloGoExchangeStart
-func haloGoExchangeStart(h C.uintptr_t, dir C.int, buffers *unsafe.Pointer, count C.size_t, stream unsafe.Pointer,
+func haloGoExchangeStart(h C.uintptr_t, dir C.int, buffers *unsafe.Pointer, count C.size_t, stream C.uintptr_t,
 	out *C.halo_request_t, eb *C.char, el C.size_t) C.int {
 	return exported(eb, el, func() error {
 		pe, err := lookupPlan(uintptr(h))
@@ -133,7 +133,7 @@ func haloGoExchangeStart(h C.uintptr_t, dir C.int, buffers *unsafe.Pointer, coun
 			return pe.p.DoMulti(call, wait, args[0], args[1], args[2])
 		}
 		r := &requestEntry{plan: uintptr(h), dir: halo.Direction(dir)}
-		if stream == nil {
+		if stream == 0 {
 			if _, err := hostPlan(uintptr(h)); err != nil { // after the stream-ordered ones
 				return err
 			}
@@ -150,7 +150,7 @@ func haloGoExchangeStart(h C.uintptr_t, dir C.int, buffers *unsafe.Pointer, coun
 				return err
 			}
 			if r.stream, err = px.Start(cuda.Stream(uintptr(stream)), func() error { return run(true) }); err != nil {
-				return invalid("rank %d: stream %p: %v", ce.c.Config().Rank, stream, err)
+				return invalid("rank %d: stream %#x: %v", ce.c.Config().Rank, uintptr(stream), err)
 			}
 		}
 		registry.Lock()
@@ -207,15 +207,15 @@ func (r *requestEntry) test() (bool, error) {
 }
 
 //export haloGoRequestWait
-func haloGoRequestWait(h C.uintptr_t, stream unsafe.Pointer, eb *C.char, el C.size_t) C.int {
+func haloGoRequestWait(h C.uintptr_t, stream C.uintptr_t, eb *C.char, el C.size_t) C.int {
 	return exported(eb, el, func() error {
 		r, err := lookupRequest(uintptr(h))
 		if err != nil {
 			return err
 		}
-		if stream != nil {
+		if stream != 0 {
 			if r.stream == nil {
-				return invalid("stream %p: this request was started without a stream; wait for it with stream NULL", stream)
+				return invalid("stream %#x: this request was started without a stream; wait for it with stream NULL", uintptr(stream))
 			}
 			return classed(r.stream.WaitOn(cuda.Stream(uintptr(stream))))
 		}
