@@ -150,6 +150,9 @@ func haloGoExchangeStart(h C.uintptr_t, dir C.int, buffers *unsafe.Pointer, coun
 				return err
 			}
 			if r.stream, err = px.Start(cuda.Stream(uintptr(stream)), func() error { return run(true) }); err != nil {
+				if errors.Is(err, cuda.ErrAborted) {
+					return fmt.Errorf("rank %d: stream %#x: %w", ce.c.Config().Rank, uintptr(stream), classed(err))
+				}
 				return invalid("rank %d: stream %#x: %v", ce.c.Config().Rank, uintptr(stream), err)
 			}
 		}
