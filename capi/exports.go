@@ -250,6 +250,7 @@ func haloGoCommDestroy(h C.uintptr_t, eb *C.char, el C.size_t) C.int {
 		for ph := range e.plans {
 			delete(registry.plans, ph)
 		}
+		endRequests(uintptr(h), e.c.Rank())
 		registry.Unlock()
 		var first error
 		if e.proxy != nil {
@@ -433,6 +434,9 @@ func haloGoPlanTest(h C.uintptr_t, dir C.int, done *C.int, eb *C.char, el C.size
 		if done == nil {
 			return invalid("done (the output pointer) is NULL")
 		}
+		if err := ownedExchange(pe, dir); err != nil {
+			return err
+		}
 		if !quiet {
 			*done = 0
 			return nil
@@ -453,6 +457,9 @@ func haloGoPlanWait(h C.uintptr_t, dir C.int, eb *C.char, el C.size_t) C.int {
 	return exported(eb, el, func() error {
 		pe, err := hostPlan(uintptr(h))
 		if err != nil {
+			return err
+		}
+		if err := ownedExchange(pe, dir); err != nil {
 			return err
 		}
 		return pe.p.Wait(halo.Direction(dir))

@@ -29,6 +29,9 @@ type commEntry struct {
 type planEntry struct {
 	p    *halo.Plan
 	comm uintptr
+	// owner is the host request whose exchange is in flight in each
+	// direction (halo.DirForward, halo.DirBackward), nil when none is.
+	owner [2]*requestEntry
 }
 
 var registry = struct {
