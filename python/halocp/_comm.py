@@ -157,8 +157,8 @@ class Communicator:
         # The process that made it; a forked child inherits the object, not
         # the communicator (see _forked).
         self.pid = os.getpid()
-        _made.add(self)
         self._plans: OrderedDict[tuple, _lib.Plan] = OrderedDict()
+        _made.add(self)
 
         # Every rank takes part in both gathers even when its own step failed,
         # so a failure on one rank is an error on all of them, not a hang.
