@@ -372,13 +372,14 @@ static int queue_abort_main(int port) {
     halo_plan_params_t p = plan_1d(shape, L, R);
     halo_plan_t plan;
     HALO_OK(halo_plan_create(c, &p, &plan));
+    float x[8], out[8 + L + R];
+    fill(x, HALO_FLOAT32, 8, g_rank);
+    HALO_OK(halo_plan_forward(plan, x, out)); /* both are through the plan's creation */
     if (g_rank != 0) {
-        sleep(3); /* alive, never exchanging */
+        sleep(3); /* alive, never exchanging again */
         halo_comm_destroy(c);
         return 0;
     }
-    float x[8], out[8 + L + R];
-    fill(x, HALO_FLOAT32, 8, g_rank);
     void *f[2] = {x, out};
     pthread_t t;
     pthread_create(&t, NULL, abort_later, c);
@@ -486,13 +487,16 @@ static int abort_plan_main(int port) {
     halo_plan_params_t p = plan_1d(shape, L, R);
     halo_plan_t plan;
     HALO_OK(halo_plan_create(c, &p, &plan));
+    float x[8], out[8 + L + R];
+    fill(x, HALO_FLOAT32, 8, g_rank);
+    HALO_OK(halo_plan_forward(plan, x, out)); /* both are through the plan's creation */
     if (g_rank != 0) {
-        sleep(1); /* alive, never exchanging */
+        sleep(1); /* alive, never exchanging again */
         halo_comm_destroy(c);
         return 0;
     }
-    float x[8], out[8 + L + R];
-    fill(x, HALO_FLOAT32, 8, 0);
+    /* The abort voids what rank 1 has not received yet: let its forward end. */
+    usleep(300 * 1000);
     HALO_OK(halo_plan_forward_start(plan, x, out));
     HALO_OK(halo_comm_abort(c));
     int done = 0;
