@@ -11,6 +11,7 @@ import "C"
 import (
 	"errors"
 	"fmt"
+	"os"
 	"strings"
 	"time"
 	"unsafe"
@@ -129,7 +130,7 @@ func haloGoCommCreate(rank, size C.int, p *C.halo_comm_params_t, out *C.halo_com
 		}
 		registry.Lock()
 		h := newHandle(kindComm)
-		registry.comms[h] = &commEntry{c: c, plans: map[uintptr]*planEntry{}}
+		registry.comms[h] = &commEntry{c: c, plans: map[uintptr]*planEntry{}, pid: os.Getpid()}
 		registry.Unlock()
 		*out = *(*C.halo_comm_t)(unsafe.Pointer(&h)) // a number, never dereferenced
 		return nil
@@ -250,7 +251,11 @@ func haloGoCommDestroy(h C.uintptr_t, eb *C.char, el C.size_t) C.int {
 		for ph := range e.plans {
 			delete(registry.plans, ph)
 		}
+		endRequests(uintptr(h), e.c.Rank())
 		registry.Unlock()
+		if inherited(e) {
+			return nil // the parent's: forgotten here, untouched there
+		}
 		var first error
 		if e.proxy != nil {
 			// Its queued exchanges use the plans: they end first (abort
@@ -433,6 +438,9 @@ func haloGoPlanTest(h C.uintptr_t, dir C.int, done *C.int, eb *C.char, el C.size
 		if done == nil {
 			return invalid("done (the output pointer) is NULL")
 		}
+		if err := ownedExchange(pe, dir); err != nil {
+			return err
+		}
 		if !quiet {
 			*done = 0
 			return nil
@@ -453,6 +461,9 @@ func haloGoPlanWait(h C.uintptr_t, dir C.int, eb *C.char, el C.size_t) C.int {
 	return exported(eb, el, func() error {
 		pe, err := hostPlan(uintptr(h))
 		if err != nil {
+			return err
+		}
+		if err := ownedExchange(pe, dir); err != nil {
 			return err
 		}
 		return pe.p.Wait(halo.Direction(dir))
@@ -483,16 +494,20 @@ func haloGoPlanDestroy(h C.uintptr_t, eb *C.char, el C.size_t) C.int {
 		registry.Lock()
 		pe, ok := registry.plans[uintptr(h)]
 		var proxy *cuda.Proxy
+		local := false
 		if ok {
 			delete(registry.plans, uintptr(h))
 			if ce, ok := registry.comms[pe.comm]; ok {
 				delete(ce.plans, uintptr(h))
-				proxy = ce.proxy
+				proxy, local = ce.proxy, inherited(ce)
 			}
 		}
 		registry.Unlock()
 		if !ok {
 			return badHandle(uintptr(h), "plan", kindPlan)
+		}
+		if local {
+			return nil // a forked child's: as haloGoCommDestroy
 		}
 		if proxy != nil {
 			proxy.Idle() // stream-ordered exchanges queued on the plan end first

@@ -154,7 +154,9 @@ halo_result_t halo_plan_destroy(halo_plan_t plan) {
 
 halo_result_t halo_exchange_start(halo_plan_t plan, halo_direction_t direction, void *const *buffers, size_t count,
                                   void *stream, halo_request_t *request) {
-    return (halo_result_t)haloGoExchangeStart((uintptr_t)plan, (int)direction, (void **)buffers, count, stream, request,
+    /* A stream is a handle, not memory (CU_STREAM_LEGACY is 0x1): it crosses
+     * as a number, never in a type Go's garbage collector takes for a pointer. */
+    return (halo_result_t)haloGoExchangeStart((uintptr_t)plan, (int)direction, (void **)buffers, count, (uintptr_t)stream, request,
                                               error_buffer(), HALO_ERRLEN);
 }
 
@@ -163,7 +165,7 @@ halo_result_t halo_request_test(halo_request_t request, int *done) {
 }
 
 halo_result_t halo_request_wait(halo_request_t request, void *stream) {
-    return (halo_result_t)haloGoRequestWait((uintptr_t)request, stream, error_buffer(), HALO_ERRLEN);
+    return (halo_result_t)haloGoRequestWait((uintptr_t)request, (uintptr_t)stream, error_buffer(), HALO_ERRLEN);
 }
 
 halo_result_t halo_request_free(halo_request_t request) {

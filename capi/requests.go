@@ -20,18 +20,58 @@ import (
 // (the communicator's proxy runs the plan's blocking call in stream order).
 type requestEntry struct {
 	plan   uintptr
+	pe     *planEntry
+	comm   uintptr
 	dir    halo.Direction
 	stream *cuda.Request // nil: a host request
 	ended  bool
 	err    error // the exchange's result, once ended
+	// gone is set when the communicator is destroyed: the request has
+	// ended, and its stream flag is freed, so every later call but free
+	// fails with it.
+	gone error
 }
 
-// end records the result of a host request the first time it is known.
+// end records the result of a host request the first time it is known,
+// and gives the plan's direction back to the 0.3 calls.
 func (r *requestEntry) end(err error) error {
 	if !r.ended {
 		r.ended, r.err = true, err
+		registry.Lock()
+		if r.pe.owner[r.dir] == r {
+			r.pe.owner[r.dir] = nil
+		}
+		registry.Unlock()
 	}
 	return r.err
+}
+
+// endRequests ends the requests of a communicator being destroyed; the
+// caller holds the registry's lock.
+func endRequests(comm uintptr, rank int) {
+	for _, r := range registry.requests {
+		if r.comm == comm && r.gone == nil {
+			r.gone = fmt.Errorf("%w: rank %d: the request's communicator was destroyed (halo_comm_destroy): the request has ended; only halo_request_free is left", halo.ErrState, rank)
+		}
+	}
+}
+
+// ownedExchange refuses halo_plan_wait and halo_plan_test on an exchange
+// that halo_exchange_start began: the request finishes its own exchange,
+// else its wait would finish the next one started on the plan.
+func ownedExchange(pe *planEntry, dir C.int) error {
+	if dir != C.int(halo.DirForward) && dir != C.int(halo.DirBackward) {
+		return nil // the plan says what is wrong with it
+	}
+	registry.Lock()
+	r := pe.owner[dir]
+	registry.Unlock()
+	if r == nil {
+		return nil
+	}
+	what := map[halo.Direction]string{halo.DirForward: "forward", halo.DirBackward: "backward"}[halo.Direction(dir)]
+	return fmt.Errorf("%w: the %s exchange in flight on this plan belongs to a request (halo_exchange_start): finish it with halo_request_wait or halo_request_test on that request",
+		halo.ErrState, what)
 }
 
 // classed gives an error of the proxy or the driver a halo class, so that
@@ -84,7 +124,7 @@ func proxyOf(ce *commEntry) (*cuda.Proxy, error) {
 }
 
 //export haloGoExchangeStart
-func haloGoExchangeStart(h C.uintptr_t, dir C.int, buffers *unsafe.Pointer, count C.size_t, stream unsafe.Pointer,
+func haloGoExchangeStart(h C.uintptr_t, dir C.int, buffers *unsafe.Pointer, count C.size_t, stream C.uintptr_t,
 	out *C.halo_request_t, eb *C.char, el C.size_t) C.int {
 	return exported(eb, el, func() error {
 		pe, err := lookupPlan(uintptr(h))
@@ -132,14 +172,17 @@ func haloGoExchangeStart(h C.uintptr_t, dir C.int, buffers *unsafe.Pointer, coun
 			}
 			return pe.p.DoMulti(call, wait, args[0], args[1], args[2])
 		}
-		r := &requestEntry{plan: uintptr(h), dir: halo.Direction(dir)}
-		if stream == nil {
+		r := &requestEntry{plan: uintptr(h), pe: pe, comm: pe.comm, dir: halo.Direction(dir)}
+		if stream == 0 {
 			if _, err := hostPlan(uintptr(h)); err != nil { // after the stream-ordered ones
 				return err
 			}
 			if err := run(false); err != nil {
 				return err
 			}
+			registry.Lock()
+			pe.owner[r.dir] = r
+			registry.Unlock()
 		} else {
 			ce, err := lookupComm(pe.comm)
 			if err != nil {
@@ -150,7 +193,10 @@ func haloGoExchangeStart(h C.uintptr_t, dir C.int, buffers *unsafe.Pointer, coun
 				return err
 			}
 			if r.stream, err = px.Start(cuda.Stream(uintptr(stream)), func() error { return run(true) }); err != nil {
-				return invalid("rank %d: stream %p: %v", ce.c.Config().Rank, stream, err)
+				if errors.Is(err, cuda.ErrAborted) {
+					return fmt.Errorf("rank %d: stream %#x: %w", ce.c.Config().Rank, uintptr(stream), classed(err))
+				}
+				return invalid("rank %d: stream %#x: %v", ce.c.Config().Rank, uintptr(stream), err)
 			}
 		}
 		registry.Lock()
@@ -182,6 +228,9 @@ func haloGoRequestTest(h C.uintptr_t, done *C.int, eb *C.char, el C.size_t) C.in
 }
 
 func (r *requestEntry) test() (bool, error) {
+	if r.gone != nil {
+		return true, r.gone
+	}
 	if r.ended {
 		return true, r.err
 	}
@@ -207,15 +256,18 @@ func (r *requestEntry) test() (bool, error) {
 }
 
 //export haloGoRequestWait
-func haloGoRequestWait(h C.uintptr_t, stream unsafe.Pointer, eb *C.char, el C.size_t) C.int {
+func haloGoRequestWait(h C.uintptr_t, stream C.uintptr_t, eb *C.char, el C.size_t) C.int {
 	return exported(eb, el, func() error {
 		r, err := lookupRequest(uintptr(h))
 		if err != nil {
 			return err
 		}
-		if stream != nil {
+		if r.gone != nil {
+			return r.gone // never a stream wait on the freed flag
+		}
+		if stream != 0 {
 			if r.stream == nil {
-				return invalid("stream %p: this request was started without a stream; wait for it with stream NULL", stream)
+				return invalid("stream %#x: this request was started without a stream; wait for it with stream NULL", uintptr(stream))
 			}
 			return classed(r.stream.WaitOn(cuda.Stream(uintptr(stream))))
 		}

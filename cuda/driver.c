@@ -72,12 +72,24 @@ int halo_cu_error(int rc, char *msg, size_t n) {
     return rc;
 }
 
-int halo_cu_ctx_get_current(void **ctx) { return cu.ctx_get_current(ctx); }
-int halo_cu_ctx_set_current(void *ctx) { return cu.ctx_set_current(ctx); }
-int halo_cu_event_create(void **ev) { return cu.event_create(ev, CU_EVENT_DISABLE_TIMING); }
-int halo_cu_event_record(void *ev, void *stream) { return cu.event_record(ev, stream); }
-int halo_cu_event_query(void *ev) { return cu.event_query(ev); }
-int halo_cu_event_destroy(void *ev) { return cu.event_destroy(ev); }
+// Handles are numbers on the Go side (driver.h); here they become the
+// driver's pointer types again.
+int halo_cu_ctx_get_current(uintptr_t *ctx) {
+    void *c = NULL;
+    int rc = cu.ctx_get_current(&c);
+    *ctx = (uintptr_t)c;
+    return rc;
+}
+int halo_cu_ctx_set_current(uintptr_t ctx) { return cu.ctx_set_current((void *)ctx); }
+int halo_cu_event_create(uintptr_t *ev) {
+    void *e = NULL;
+    int rc = cu.event_create(&e, CU_EVENT_DISABLE_TIMING);
+    *ev = (uintptr_t)e;
+    return rc;
+}
+int halo_cu_event_record(uintptr_t ev, uintptr_t stream) { return cu.event_record((void *)ev, (void *)stream); }
+int halo_cu_event_query(uintptr_t ev) { return cu.event_query((void *)ev); }
+int halo_cu_event_destroy(uintptr_t ev) { return cu.event_destroy((void *)ev); }
 
 // The flag is host memory mapped into the device: the proxy writes it with a
 // plain store, the stream reads it over the bus.
@@ -92,6 +104,6 @@ int halo_cu_flag_alloc(void **host, uint64_t *dev) {
 
 int halo_cu_flag_free(void *host) { return cu.mem_free_host(host); }
 
-int halo_cu_stream_wait_value32(void *stream, uint64_t dev, uint32_t value) {
-    return cu.stream_wait_value32(stream, dev, value, CU_STREAM_WAIT_VALUE_GEQ);
+int halo_cu_stream_wait_value32(uintptr_t stream, uint64_t dev, uint32_t value) {
+    return cu.stream_wait_value32((void *)stream, dev, value, CU_STREAM_WAIT_VALUE_GEQ);
 }

@@ -10,13 +10,13 @@
 // halo_cu_load returns 0 or writes why the driver is unusable into why.
 int halo_cu_load(char *why, size_t n);
 int halo_cu_error(int rc, char *msg, size_t n);
-int halo_cu_ctx_get_current(void **ctx);
-int halo_cu_ctx_set_current(void *ctx);
-int halo_cu_event_create(void **ev);
-int halo_cu_event_record(void *ev, void *stream);
-int halo_cu_event_query(void *ev);
-int halo_cu_event_destroy(void *ev);
+int halo_cu_ctx_get_current(uintptr_t *ctx);
+int halo_cu_ctx_set_current(uintptr_t ctx);
+int halo_cu_event_create(uintptr_t *ev);
+int halo_cu_event_record(uintptr_t ev, uintptr_t stream);
+int halo_cu_event_query(uintptr_t ev);
+int halo_cu_event_destroy(uintptr_t ev);
 int halo_cu_flag_alloc(void **host, uint64_t *dev);
 int halo_cu_flag_free(void *host);
-int halo_cu_stream_wait_value32(void *stream, uint64_t dev, uint32_t value);
+int halo_cu_stream_wait_value32(uintptr_t stream, uint64_t dev, uint32_t value);
 #endif

@@ -12,7 +12,10 @@ import (
 	"unsafe"
 )
 
-// libcuda is the Driver of libcuda.so.1, bound by driver.c.
+// libcuda is the Driver of libcuda.so.1, bound by driver.c. Contexts, events
+// and streams stay numbers (C.uintptr_t) all the way to the driver: they are
+// handles, not memory, and a small one in a Go pointer type aborts the
+// process when the collector finds it.
 type libcuda struct{}
 
 func loadLibcuda() (Driver, error) {
@@ -35,35 +38,35 @@ func check(rc C.int, call string) error {
 func (libcuda) Name() string { return "libcuda.so.1" }
 
 func (libcuda) CurrentContext() (uintptr, error) {
-	var ctx unsafe.Pointer
+	var ctx C.uintptr_t
 	if err := check(C.halo_cu_ctx_get_current(&ctx), "cuCtxGetCurrent"); err != nil {
 		return 0, err
 	}
-	if ctx == nil {
+	if ctx == 0 {
 		return 0, fmt.Errorf("no CUDA context is current on the calling thread (make the tensor's device current first)")
 	}
 	return uintptr(ctx), nil
 }
 
 func (libcuda) SetContext(ctx uintptr) error {
-	return check(C.halo_cu_ctx_set_current(unsafe.Pointer(ctx)), "cuCtxSetCurrent")
+	return check(C.halo_cu_ctx_set_current(C.uintptr_t(ctx)), "cuCtxSetCurrent")
 }
 
 func (libcuda) EventCreate() (Event, error) {
-	var ev unsafe.Pointer
+	var ev C.uintptr_t
 	err := check(C.halo_cu_event_create(&ev), "cuEventCreate")
 	return Event(ev), err
 }
 
 func (libcuda) EventRecord(ev Event, s Stream) error {
-	return check(C.halo_cu_event_record(unsafe.Pointer(ev), unsafe.Pointer(s)), "cuEventRecord")
+	return check(C.halo_cu_event_record(C.uintptr_t(ev), C.uintptr_t(s)), "cuEventRecord")
 }
 
 // cudaErrorNotReady's driver twin: the event's work has not run yet.
 const cudaErrorNotReady = 600
 
 func (libcuda) EventQuery(ev Event) (bool, error) {
-	rc := C.halo_cu_event_query(unsafe.Pointer(ev))
+	rc := C.halo_cu_event_query(C.uintptr_t(ev))
 	if rc == cudaErrorNotReady {
 		return false, nil
 	}
@@ -71,7 +74,7 @@ func (libcuda) EventQuery(ev Event) (bool, error) {
 }
 
 func (libcuda) EventDestroy(ev Event) error {
-	return check(C.halo_cu_event_destroy(unsafe.Pointer(ev)), "cuEventDestroy")
+	return check(C.halo_cu_event_destroy(C.uintptr_t(ev)), "cuEventDestroy")
 }
 
 func (libcuda) FlagAlloc() (*Flag, error) {
@@ -86,5 +89,5 @@ func (libcuda) FlagAlloc() (*Flag, error) {
 func (libcuda) FlagFree(f *Flag) error { return check(C.halo_cu_flag_free(f.host), "cuMemFreeHost") }
 
 func (libcuda) StreamWaitFlag(s Stream, f *Flag, v uint32) error {
-	return check(C.halo_cu_stream_wait_value32(unsafe.Pointer(s), C.uint64_t(f.dev), C.uint32_t(v)), "cuStreamWaitValue32")
+	return check(C.halo_cu_stream_wait_value32(C.uintptr_t(s), C.uint64_t(f.dev), C.uint32_t(v)), "cuStreamWaitValue32")
 }

@@ -23,14 +23,23 @@ type Proxy struct {
 	// wait yet).
 	flag *Flag
 	seq  uint32 // exchanges started
+	// starting serialises Start, so that the sequence numbers reach every
+	// stream in the order of the queue. It is held across the driver calls,
+	// which block while a stream's queue is full; the proxy thread never
+	// takes it, so it can always go on popping jobs, and the stream drains.
+	starting sync.Mutex
+	// mu guards the queue; no driver call runs under it.
 	mu   sync.Mutex
 	cond *sync.Cond
 	jobs []*Request
 	busy bool // a job is running
 	stop bool
 	// aborted: jobs not yet begun end at once with ErrAborted (their
-	// flags written, so that no stream waits forever).
-	aborted atomic.Bool
+	// flags written, so that no stream waits forever), and new starts are
+	// refused; abortCh is closed alike, to wake a wait for a job's start.
+	aborted   atomic.Bool
+	abortCh   chan struct{}
+	abortOnce sync.Once
 }
 
 // Request is one exchange started on a stream.
@@ -40,8 +49,13 @@ type Request struct {
 	ev    Event
 	seq   uint32
 	run   func() error
-	done  chan struct{}
-	err   error
+	// ready is closed once Start's driver calls have returned, with
+	// startErr their error: the job is queued before them (under mu), and
+	// the proxy must not wait on an event not yet recorded.
+	ready    chan struct{}
+	startErr error
+	done     chan struct{}
+	err      error
 }
 
 // ErrNotDone is returned by Free for a request whose exchange has not ended.
@@ -55,7 +69,7 @@ func NewProxy(drv Driver) (*Proxy, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &Proxy{drv: drv, flag: f}
+	p := &Proxy{drv: drv, flag: f, abortCh: make(chan struct{})}
 	p.cond = sync.NewCond(&p.mu)
 	go p.loop()
 	return p, nil
@@ -63,38 +77,54 @@ func NewProxy(drv Driver) (*Proxy, error) {
 
 // Start orders run on stream s: it begins once the work queued on s so far
 // has run, and later work on s waits until it has returned (whatever it
-// returned: a failed exchange must not hang the stream).
+// returned: a failed exchange must not hang the stream). After Abort it is
+// refused with ErrAborted; a start that a full stream blocks in the driver
+// returns once the abort has drained the stream.
 func (p *Proxy) Start(s Stream, run func() error) (*Request, error) {
 	if s == 0 {
 		return nil, fmt.Errorf("stream 0 is not a stream (CUDA's default stream is CU_STREAM_LEGACY, 0x1)")
+	}
+	if p.aborted.Load() {
+		return nil, ErrAborted
 	}
 	ctx, err := p.drv.CurrentContext()
 	if err != nil {
 		return nil, err
 	}
-	r := &Request{proxy: p, ctx: ctx, run: run, done: make(chan struct{})}
+	r := &Request{proxy: p, ctx: ctx, run: run, ready: make(chan struct{}), done: make(chan struct{})}
 	if r.ev, err = p.drv.EventCreate(); err != nil {
 		return nil, err
 	}
-	// The lock keeps the sequence numbers in the order of the queue.
+	p.starting.Lock()
+	defer p.starting.Unlock()
+	// The number is taken and the job queued first, the driver called
+	// after, outside mu: while the driver blocks on a full stream, the
+	// proxy runs the jobs ahead, whose flags let the stream go on.
 	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.stop {
-		p.drv.EventDestroy(r.ev)
-		return nil, fmt.Errorf("the communicator's proxy is closed")
+	switch {
+	case p.stop:
+		err = fmt.Errorf("the communicator's proxy is closed")
+	case p.aborted.Load():
+		err = ErrAborted
 	}
-	r.seq = p.seq + 1
+	if err != nil {
+		p.mu.Unlock()
+		p.drv.EventDestroy(r.ev)
+		return nil, err
+	}
+	p.seq++
+	r.seq = p.seq
+	p.jobs = append(p.jobs, r)
+	p.cond.Broadcast()
+	p.mu.Unlock()
+
 	if err = p.drv.EventRecord(r.ev, s); err == nil {
 		err = p.drv.StreamWaitFlag(s, p.flag, r.seq)
 	}
-	if err != nil {
-		// The stream wait may have been queued: the job must still run,
-		// as a no-op, so that the flag passes r.seq.
-		r.run = func() error { return err }
-	}
-	p.seq = r.seq
-	p.jobs = append(p.jobs, r)
-	p.cond.Broadcast()
+	// The stream wait may have been queued even so: the job still ends
+	// (as a no-op), so that the flag passes r.seq.
+	r.startErr = err
+	close(r.ready)
 	if err != nil {
 		return nil, err
 	}
@@ -118,25 +148,41 @@ func (p *Proxy) loop() {
 		p.busy = true
 		p.mu.Unlock()
 
-		var err error
-		if r.ctx != ctx {
-			if err = p.drv.SetContext(r.ctx); err == nil {
-				ctx = r.ctx
+		ready := true
+		select {
+		case <-r.ready:
+		case <-p.abortCh:
+			select {
+			case <-r.ready:
+			default:
+				ready = false // its Start is still in the driver
 			}
 		}
-		if err == nil {
-			err = p.waitEvent(r.ev)
-		}
-		p.drv.EventDestroy(r.ev)
-		if err == nil && p.aborted.Load() {
-			err = ErrAborted
-		}
-		if err == nil {
-			err = r.run()
+		err := ErrAborted
+		if ready {
+			err = r.startErr
+			if err == nil && r.ctx != ctx {
+				if err = p.drv.SetContext(r.ctx); err == nil {
+					ctx = r.ctx
+				}
+			}
+			if err == nil {
+				err = p.waitEvent(r.ev)
+			}
+			if err == nil && p.aborted.Load() {
+				err = ErrAborted
+			}
+			if err == nil {
+				err = r.run()
+			}
 		}
 		r.err = err
 		p.flag.Set(r.seq)
 		close(r.done)
+		// The event goes once Start has recorded it; with the flag
+		// written, the stream drains and Start's driver calls return.
+		<-r.ready
+		p.drv.EventDestroy(r.ev)
 
 		p.mu.Lock()
 		p.busy = false
@@ -168,10 +214,11 @@ func (p *Proxy) waitEvent(ev Event) error {
 }
 
 // Abort ends the jobs queued and not yet begun with ErrAborted, now and
-// from now on; the one running ends when its exchange does (the
-// communicator's abort ends that). Safe from any thread.
+// from now on, and refuses later starts; the one running ends when its
+// exchange does (the communicator's abort ends that). Safe from any thread.
 func (p *Proxy) Abort() {
 	p.aborted.Store(true)
+	p.abortOnce.Do(func() { close(p.abortCh) })
 }
 
 // Idle waits until no job is queued or running.

@@ -157,3 +157,129 @@ func TestProxyFlagWrapsAround(t *testing.T) {
 		t.Fatal("the stream did not go on")
 	}
 }
+
+// Thousands of exchanges queued on one stream, then on several, before any
+// wait: the host emulation's stream holds 1024 operations (two per start),
+// so Start blocks in the driver until the proxy has run the earlier ones.
+// With the driver called under the lock the proxy needs, about 512 starts
+// deadlocked for ever.
+func TestProxyManyQueued(t *testing.T) {
+	h := NewHostFake()
+	p, err := NewProxy(h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, streams := range []int{1, 4} {
+		const n = 3000
+		var ran atomic.Int32
+		done := make(chan []*Request, 1)
+		go func() {
+			var rs []*Request
+			for i := 0; i < n; i++ {
+				r, err := p.Start(Stream(20+i%streams), func() error { ran.Add(1); return nil })
+				if err != nil {
+					t.Error(err)
+					break
+				}
+				rs = append(rs, r)
+			}
+			done <- rs
+		}()
+		select {
+		case rs := <-done:
+			for _, r := range rs {
+				if err := r.Wait(); err != nil {
+					t.Fatal(err)
+				}
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%d streams: the starts hung after %d of %d exchanges ran", streams, ran.Load(), n)
+		}
+		if ran.Load() != n {
+			t.Fatalf("%d of %d exchanges ran", ran.Load(), n)
+		}
+	}
+	if err := p.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// An exchange in flight holds the stream (its peer is silent) while starts
+// behind it fill the stream until one blocks in the driver; Abort (and the
+// communicator's abort ending the exchange in flight) must end that start,
+// end every queued job with ErrAborted, and write their flags so that the
+// stream drains; a later start is refused at once.
+func TestProxyAbortEndsABlockedStart(t *testing.T) {
+	h := NewHostFake()
+	p, err := NewProxy(h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const s = Stream(30)
+	stuck := make(chan struct{})
+	first, err := p.Start(s, func() error { <-stuck; return errors.New("aborted in flight") })
+	if err != nil {
+		t.Fatal(err)
+	}
+	var started atomic.Int32
+	done := make(chan []*Request, 1)
+	go func() {
+		var rs []*Request
+		for i := 0; i < 3000; i++ {
+			r, err := p.Start(s, func() error { t.Error("a queued exchange ran after the abort"); return nil })
+			if err != nil {
+				if !errors.Is(err, ErrAborted) {
+					t.Errorf("start after the abort: %v, want ErrAborted", err)
+				}
+				continue
+			}
+			started.Add(1)
+			rs = append(rs, r)
+		}
+		done <- rs
+	}()
+	for deadline := time.Now().Add(5 * time.Second); started.Load() < 500 && time.Now().Before(deadline); {
+		time.Sleep(time.Millisecond)
+	}
+	time.Sleep(20 * time.Millisecond) // blocked in the driver by now
+	if n := started.Load(); n >= 3000 {
+		t.Fatalf("all %d starts returned with the stream held: the test does not fill the stream", n)
+	}
+	t0 := time.Now()
+	p.Abort()
+	close(stuck)
+	var rs []*Request
+	select {
+	case rs = <-done:
+	case <-time.After(2 * time.Second):
+		t.Fatalf("the abort did not end the blocked start (%d started)", started.Load())
+	}
+	for _, r := range rs {
+		if err := r.Wait(); !errors.Is(err, ErrAborted) {
+			t.Fatalf("a queued exchange after the abort: %v, want ErrAborted", err)
+		}
+	}
+	if err := first.Wait(); err == nil {
+		t.Fatal("the exchange in flight succeeded")
+	}
+	drained := make(chan error, 1)
+	go func() { drained <- h.Synchronize(s) }()
+	select {
+	case err := <-drained:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(2 * time.Second):
+		t.Fatal("the stream did not drain after the abort: a flag was left unwritten")
+	}
+	if d := time.Since(t0); d > time.Second {
+		t.Errorf("the abort took %v", d)
+	}
+	t.Logf("%d starts queued before the abort, all ended %v after it", len(rs), time.Since(t0))
+	if _, err := p.Start(s, func() error { return nil }); !errors.Is(err, ErrAborted) {
+		t.Errorf("start after the abort: %v, want ErrAborted", err)
+	}
+	if err := p.Close(); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -443,6 +443,11 @@ func (p *instance) startWith(s *schedule, ptrs []unsafe.Pointer, seq uint64) err
 
 func (p *Plan) inFlight(dc *dirCall) error {
 	if !dc.inFlight {
+		// Once the group has failed, every later call says so, also a
+		// wait after the test that found the failure and ended the call.
+		if err := p.g.usable(); err != nil {
+			return err
+		}
 		return fmt.Errorf("%w: rank %d: no %s of plan %d is in flight (start one first)", ErrState, p.g.Rank(), dc.what, p.id)
 	}
 	return nil

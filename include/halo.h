@@ -311,7 +311,12 @@ halo_result_t halo_comm_get_rank(halo_comm_t comm, int *rank, int *world_size);
 /**
  * @brief Destroy a communicator and every plan made on it. Local; never hangs.
  * Peers are told: their later exchanges with this rank fail at once with
- * HALO_ERR_PEER_FAILED naming it.
+ * HALO_ERR_PEER_FAILED naming it. Its requests end: a later
+ * halo_request_test or halo_request_wait on one fails with
+ * HALO_ERR_INVALID_STATE naming the destroy (halo_request_free releases it).
+ * A communicator belongs to the process that made it: called in a forked
+ * child (an atexit handler, say), this and halo_plan_destroy only forget the
+ * handle there, and tell the peers nothing.
  */
 halo_result_t halo_comm_destroy(halo_comm_t comm);
 
@@ -408,7 +413,14 @@ halo_result_t halo_plan_halos_backward_start(halo_plan_t plan, const void *grad_
  */
 halo_result_t halo_plan_test(halo_plan_t plan, halo_direction_t direction, int *done);
 
-/** @brief Finish the exchange of the direction, within the communicator's timeout. */
+/**
+ * @brief Finish the exchange of the direction, within the communicator's
+ * timeout. Once the communicator has failed (an abort, a failed exchange),
+ * this and halo_plan_test return HALO_ERR_COMM_FAILED, also after the call
+ * that reported the failure. An exchange begun by halo_exchange_start
+ * belongs to its request: halo_plan_wait and halo_plan_test refuse it with
+ * HALO_ERR_INVALID_STATE (finish it with halo_request_wait or test).
+ */
 halo_result_t halo_plan_wait(halo_plan_t plan, halo_direction_t direction);
 
 /**
@@ -456,7 +468,11 @@ halo_result_t halo_plan_halos_backward_multi_start(halo_plan_t plan, const void 
  * stream non-NULL (a CUstream, or a cudaStream_t, which is the same; CUDA's
  * default stream, whose handle is 0, is given as CU_STREAM_LEGACY, 0x1): the
  * exchange is ordered on that stream and the call returns at once, without
- * waiting for the stream. The exchange begins after the work queued on the
+ * waiting for the stream (the handle is only passed on, never dereferenced,
+ * so any non-NULL value the driver takes is fine, small ones included). It
+ * blocks only where the driver does, while the stream's queue of commands
+ * is full, until the exchanges ahead of it have ended; halo_comm_abort ends
+ * such a start, and every later one, with HALO_ERR_COMM_FAILED. The exchange begins after the work queued on the
  * stream before the call (an event recorded there, waited for by a proxy
  * thread of the communicator), and work queued on the stream after the call
  * waits for it to end (the stream waits, with cuStreamWaitValue32, on a flag

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import atexit
+import os
 import threading
 import time
+import weakref
 from collections import OrderedDict
 
 import torch
@@ -152,7 +154,11 @@ class Communicator:
         self.lock = threading.RLock()
         self.closed = False
         self.handle = None
+        # The process that made it; a forked child inherits the object, not
+        # the communicator (see _forked).
+        self.pid = os.getpid()
         self._plans: OrderedDict[tuple, _lib.Plan] = OrderedDict()
+        _made.add(self)
 
         # Every rank takes part in both gathers even when its own step failed,
         # so a failure on one rank is an error on all of them, not a hang.
@@ -233,8 +239,23 @@ class Communicator:
             self.routes.clear()
             self.cuda_layouts.clear()
 
+    def _inherited(self) -> None:
+        """Forget, in a forked child, the communicator the parent made: no
+        library call (its destroy would tell the peers that the parent's rank
+        is gone), and no lock the fork may have copied while held."""
+        self.lock = threading.RLock()
+        self.closed, self.handle = True, None
+        self._plans.clear()  # their finalisers see closed and call nothing
+        self.routes.clear()
+        self.cuda_layouts.clear()
+        self.dropped, self.cuda_path, self.waited = [], None, []
+
     def close(self) -> None:
-        """Destroy the communicator and its plans (local; never hangs)."""
+        """Destroy the communicator and its plans (local; never hangs). In a
+        forked child of the process that made it, only forgets it."""
+        if self.pid != os.getpid():
+            self._inherited()
+            return
         with self.lock:
             if self.closed:
                 return
@@ -254,6 +275,24 @@ class Communicator:
 
 _comms: dict = {}
 _comms_lock = threading.Lock()
+_made: weakref.WeakSet = weakref.WeakSet()  # every Communicator of this process
+
+
+def _forked() -> None:
+    """In a forked child: a communicator belongs to the process that made it
+    (its transport's endpoints and shared memory are the parent's), so the
+    child forgets every one it inherited, and its atexit, finalisers and
+    destroy_communicator never speak for the parent. The group then gets a
+    new communicator if the child makes one."""
+    global _comms_lock
+    _comms_lock = threading.Lock()  # the fork may have copied it held
+    for c in list(_made):
+        c._inherited()
+    _comms.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forked)
 
 
 def resolve_group(group):

@@ -14,7 +14,25 @@
  *                           the one queued behind it, both COMM_FAILED
  *   test_request --order    (host-fake) host calls made while stream-ordered
  *                           exchanges are queued run after them, on every
- *                           rank, whatever the proxy's pace */
+ *                           rank, whatever the proxy's pace
+ *   test_request --small-streams  (host-fake, GOGC=1) thousands of
+ *                           start/wait/free on streams 0x1, 0x2, ... on 1 and
+ *                           2 ranks: a stream is a number, never a pointer
+ *                           to the garbage collector
+ *   test_request --queue    (host-fake) thousands of exchanges queued on one
+ *                           stream, then on several, before any wait
+ *   test_request --queue-abort  (host-fake) the same with a silent peer: an
+ *                           abort from another thread ends the start that
+ *                           the full stream blocks, COMM_FAILED, at once
+ *   test_request --destroyed  (host-fake, 1 rank) requests after their
+ *                           communicator was destroyed fail naming it
+ *   test_request --owner    an exchange a request started is finished by
+ *                           that request only, never by halo_plan_wait/test
+ *   test_request --abort-plan  after an abort, halo_plan_test and then
+ *                           halo_plan_wait of one exchange both COMM_FAILED
+ *   test_request --fork     a forked child destroys the inherited
+ *                           communicator and exits: the parent's job goes on */
+#include <pthread.h>
 #include "launch.h"
 
 enum { T = 5, C = 3, B = 2, L = 2, R = 1 };
@@ -268,6 +286,273 @@ static int order_main(int port) {
     return g_failures ? 1 : 0;
 }
 
+/* Finding: a stream handle below 4096 (CU_STREAM_LEGACY is 0x1) given to
+ * Go as a pointer type made the garbage collector abort the process ("bad
+ * pointer in frame ... invalid pointer found on stack"). Small handles,
+ * many calls, GOGC=1 so that stacks are scanned all the time. */
+static int small_streams_main(int port) {
+    halo_comm_t c = make_comm(port, 20000);
+    int64_t shape[1] = {8};
+    halo_plan_params_t p = plan_1d(shape, L, R);
+    halo_plan_t plan;
+    HALO_OK(halo_plan_create(c, &p, &plan));
+    float x[8], out[8 + L + R];
+    fill(x, HALO_FLOAT32, 8, g_rank);
+    void *f[2] = {x, out};
+    for (int i = 0; i < 3000; i++) {
+        void *s = (void *)(uintptr_t)(1 + i % 8), *other = (void *)(uintptr_t)(1 + (i + 1) % 8);
+        halo_request_t req;
+        HALO_OK(halo_exchange_start(plan, HALO_DIR_FORWARD, f, 2, s, &req));
+        if (i % 2) HALO_OK(halo_request_wait(req, other));
+        HALO_OK(halo_request_wait(req, NULL));
+        HALO_OK(halo_request_free(req));
+    }
+    HALO_OK(halo_plan_destroy(plan));
+    HALO_OK(halo_comm_destroy(c));
+    printf("test_request --small-streams: rank %d of %d: %d failures\n", g_rank, g_world, g_failures);
+    return g_failures ? 1 : 0;
+}
+
+enum { NQ = 3000 };
+static halo_request_t g_reqs[NQ];
+
+/* Checks rank 0's right halo and rank 1's left one against the peer's x. */
+static void check_1d(const float *out, int n, int seed_of_peer, const char *what) {
+    float peer[16];
+    fill(peer, HALO_FLOAT32, n, seed_of_peer);
+    const float *got = g_rank == 0 ? out + L + n : out;
+    const float *exp = g_rank == 0 ? peer : peer + n - L;
+    CHECK(!memcmp(got, exp, (g_rank == 0 ? R : L) * sizeof(float)), "%s: the halo from rank %d is wrong", what, 1 - g_rank);
+}
+
+/* Finding: the proxy called the driver under the lock its thread needs to
+ * pop jobs; with a full stream (the host emulation holds 1024 operations,
+ * two per start) about 512 starts deadlocked for ever. */
+static int queue_main(int port) {
+    halo_comm_t c = make_comm(port, 20000);
+    int64_t shape[1] = {8};
+    halo_plan_params_t p = plan_1d(shape, L, R);
+    halo_plan_t plan;
+    HALO_OK(halo_plan_create(c, &p, &plan));
+    float x[8], out[8 + L + R];
+    fill(x, HALO_FLOAT32, 8, g_rank);
+    void *f[2] = {x, out};
+    for (int streams = 1; streams <= 4; streams += 3) {
+        double t0 = now_s();
+        memset(out, 0x7f, sizeof out);
+        for (int i = 0; i < NQ; i++)
+            HALO_OK(halo_exchange_start(plan, HALO_DIR_FORWARD, f, 2, (void *)(uintptr_t)(0x60 + i % streams), &g_reqs[i]));
+        for (int i = 0; i < NQ; i++) {
+            HALO_OK(halo_request_wait(g_reqs[i], NULL));
+            HALO_OK(halo_request_free(g_reqs[i]));
+        }
+        check_1d(out, 8, 1 - g_rank, streams == 1 ? "one stream" : "four streams");
+        printf("rank %d: %d exchanges queued on %d stream(s): %.2f s\n", g_rank, NQ, streams, now_s() - t0);
+    }
+    HALO_OK(halo_plan_destroy(plan));
+    HALO_OK(halo_comm_destroy(c));
+    printf("test_request --queue: rank %d: %d failures\n", g_rank, g_failures);
+    return g_failures ? 1 : 0;
+}
+
+static double g_aborted_at;
+static void *abort_later(void *arg) {
+    usleep(300 * 1000);
+    g_aborted_at = now_s();
+    halo_comm_abort((halo_comm_t)arg);
+    return NULL;
+}
+
+/* Rank 1 never exchanges, so rank 0's first exchange holds its stream and
+ * the starts behind it fill the stream's queue until one blocks; the abort
+ * must end that start (COMM_FAILED) and every request, within a second. */
+static int queue_abort_main(int port) {
+    halo_comm_t c = make_comm(port, 20000);
+    int64_t shape[1] = {8};
+    halo_plan_params_t p = plan_1d(shape, L, R);
+    halo_plan_t plan;
+    HALO_OK(halo_plan_create(c, &p, &plan));
+    float x[8], out[8 + L + R];
+    fill(x, HALO_FLOAT32, 8, g_rank);
+    HALO_OK(halo_plan_forward(plan, x, out)); /* both are through the plan's creation */
+    if (g_rank != 0) {
+        sleep(3); /* alive, never exchanging again */
+        halo_comm_destroy(c);
+        return 0;
+    }
+    void *f[2] = {x, out};
+    pthread_t t;
+    pthread_create(&t, NULL, abort_later, c);
+    int started = 0, refused = 0;
+    for (int i = 0; i < NQ; i++) {
+        halo_result_t rc = halo_exchange_start(plan, HALO_DIR_FORWARD, f, 2, (void *)(uintptr_t)(0x60 + i % 2), &g_reqs[started]);
+        if (rc == HALO_SUCCESS) {
+            started++;
+            continue;
+        }
+        CHECK(rc == HALO_ERR_COMM_FAILED, "start %d after abort: %s: %s", i, halo_strerror(rc), halo_last_error());
+        refused++;
+    }
+    double ended_starts = now_s();
+    pthread_join(t, NULL);
+    CHECK(refused > 0 && started >= 512, "%d started, %d refused: the stream's queue never filled before the abort", started, refused);
+    for (int i = 0; i < started; i++) {
+        halo_result_t rc = halo_request_wait(g_reqs[i], NULL);
+        CHECK(rc == HALO_ERR_COMM_FAILED, "request %d after abort: %s: %s", i, halo_strerror(rc), halo_last_error());
+        HALO_OK(halo_request_free(g_reqs[i]));
+    }
+    double took = now_s() - g_aborted_at;
+    CHECK(took < 1.0, "the abort took %.2f s to end the starts (%.2f s) and the requests", took, ended_starts - g_aborted_at);
+    printf("rank 0: %d started, %d refused, all ended %.3f s after the abort\n", started, refused, took);
+    halo_plan_destroy(plan);
+    HALO_OK(halo_comm_destroy(c));
+    printf("test_request --queue-abort: rank 0: %d failures\n", g_failures);
+    return g_failures ? 1 : 0;
+}
+
+/* Finding: a request outlived its communicator; a stream told to wait on
+ * it would read the flag the destroy freed. Both kinds, one rank. */
+static int destroyed_main(int port) {
+    halo_comm_t c = make_comm(port, 20000);
+    int64_t shape[1] = {8};
+    halo_plan_params_t p = plan_1d(shape, L, R);
+    halo_plan_t plan;
+    HALO_OK(halo_plan_create(c, &p, &plan));
+    float x[8], out[8 + L + R], gx[8];
+    fill(x, HALO_FLOAT32, 8, 0);
+    void *f[2] = {x, out}, *b[2] = {out, gx};
+    halo_request_t done_stream, host;
+    HALO_OK(halo_exchange_start(plan, HALO_DIR_FORWARD, f, 2, S1, &done_stream));
+    HALO_OK(halo_request_wait(done_stream, NULL));
+    HALO_OK(halo_exchange_start(plan, HALO_DIR_BACKWARD, b, 2, NULL, &host)); /* in flight */
+    halo_result_t rc = halo_comm_destroy(c); /* cancels the one in flight, and says so */
+    CHECK(rc == HALO_ERR_INVALID_STATE, "destroy with a host exchange in flight: %s: %s", halo_strerror(rc), halo_last_error());
+    int done = 0;
+    EXPECT(halo_request_wait(done_stream, S2), HALO_ERR_INVALID_STATE, "halo_comm_destroy");
+    EXPECT(halo_request_wait(done_stream, NULL), HALO_ERR_INVALID_STATE, "halo_comm_destroy");
+    EXPECT(halo_request_test(done_stream, &done), HALO_ERR_INVALID_STATE, "halo_comm_destroy");
+    EXPECT(halo_request_wait(host, NULL), HALO_ERR_INVALID_STATE, "halo_comm_destroy");
+    EXPECT(halo_request_test(host, &done), HALO_ERR_INVALID_STATE, "halo_comm_destroy");
+    HALO_OK(halo_request_free(done_stream));
+    HALO_OK(halo_request_free(host));
+    printf("test_request --destroyed: %d failures\n", g_failures);
+    return g_failures ? 1 : 0;
+}
+
+/* Finding: halo_plan_wait finished an exchange a request had started; the
+ * request's wait then finished the next request's exchange. */
+static int owner_main(int port) {
+    halo_comm_t c = make_comm(port, 20000);
+    int64_t shape[1] = {8};
+    halo_plan_params_t p = plan_1d(shape, L, R);
+    halo_plan_t plan;
+    HALO_OK(halo_plan_create(c, &p, &plan));
+    float x[2][8], out[2][8 + L + R];
+    void *f[2][2];
+    for (int k = 0; k < 2; k++) {
+        fill(x[k], HALO_FLOAT32, 8, g_rank + 2 * k);
+        memset(out[k], 0x7f, sizeof out[k]);
+        f[k][0] = x[k];
+        f[k][1] = out[k];
+    }
+    halo_request_t first, second;
+    int done = 0;
+    HALO_OK(halo_exchange_start(plan, HALO_DIR_FORWARD, f[0], 2, NULL, &first));
+    EXPECT(halo_plan_wait(plan, HALO_DIR_FORWARD), HALO_ERR_INVALID_STATE, "halo_request_wait");
+    EXPECT(halo_plan_test(plan, HALO_DIR_FORWARD, &done), HALO_ERR_INVALID_STATE, "belongs to a request");
+    HALO_OK(halo_request_wait(first, NULL));
+    check_1d(out[0], 8, 1 - g_rank, "the first request");
+    HALO_OK(halo_exchange_start(plan, HALO_DIR_FORWARD, f[1], 2, NULL, &second));
+    HALO_OK(halo_request_wait(first, NULL)); /* ended: says so again, touches nothing */
+    EXPECT(halo_plan_wait(plan, HALO_DIR_FORWARD), HALO_ERR_INVALID_STATE, "belongs to a request");
+    HALO_OK(halo_request_test(second, &done));
+    HALO_OK(halo_request_wait(second, NULL));
+    check_1d(out[1], 8, 1 - g_rank + 2, "the second request");
+    HALO_OK(halo_request_free(first));
+    HALO_OK(halo_request_free(second));
+    /* The 0.3 calls keep working on their own exchanges. */
+    HALO_OK(halo_plan_forward_start(plan, x[0], out[0]));
+    HALO_OK(halo_plan_wait(plan, HALO_DIR_FORWARD));
+    HALO_OK(halo_plan_destroy(plan));
+    HALO_OK(halo_comm_destroy(c));
+    printf("test_request --owner: rank %d: %d failures\n", g_rank, g_failures);
+    return g_failures ? 1 : 0;
+}
+
+/* Finding: after an abort, halo_plan_test said COMM_FAILED and then
+ * halo_plan_wait said INVALID_STATE ("no forward in flight"). */
+static int abort_plan_main(int port) {
+    halo_comm_t c = make_comm(port, 20000);
+    int64_t shape[1] = {8};
+    halo_plan_params_t p = plan_1d(shape, L, R);
+    halo_plan_t plan;
+    HALO_OK(halo_plan_create(c, &p, &plan));
+    float x[8], out[8 + L + R];
+    fill(x, HALO_FLOAT32, 8, g_rank);
+    HALO_OK(halo_plan_forward(plan, x, out)); /* both are through the plan's creation */
+    if (g_rank != 0) {
+        sleep(1); /* alive, never exchanging again */
+        halo_comm_destroy(c);
+        return 0;
+    }
+    /* The abort voids what rank 1 has not received yet: let its forward end. */
+    usleep(300 * 1000);
+    HALO_OK(halo_plan_forward_start(plan, x, out));
+    HALO_OK(halo_comm_abort(c));
+    int done = 0;
+    EXPECT(halo_plan_test(plan, HALO_DIR_FORWARD, &done), HALO_ERR_COMM_FAILED, "abort");
+    EXPECT(halo_plan_wait(plan, HALO_DIR_FORWARD), HALO_ERR_COMM_FAILED, "abort");
+    EXPECT(halo_plan_wait(plan, HALO_DIR_BACKWARD), HALO_ERR_COMM_FAILED, "abort");
+    halo_plan_destroy(plan);
+    HALO_OK(halo_comm_destroy(c));
+    printf("test_request --abort-plan: rank 0: %d failures\n", g_failures);
+    return g_failures ? 1 : 0;
+}
+
+/* Finding: a forked child that destroyed the communicator it inherited
+ * (an atexit handler does) told the peers this rank was gone. A
+ * communicator belongs to the process that made it: in a child, destroy
+ * only forgets it. */
+static int fork_main(int port) {
+    halo_comm_t c = make_comm(port, 20000);
+    int64_t shape[1] = {8};
+    halo_plan_params_t p = plan_1d(shape, L, R);
+    halo_plan_t plan;
+    HALO_OK(halo_plan_create(c, &p, &plan));
+    float x[8], out[8 + L + R];
+    fill(x, HALO_FLOAT32, 8, g_rank);
+    HALO_OK(halo_plan_forward(plan, x, out));
+    if (g_rank == 0) {
+        pid_t child = fork();
+        if (child == 0) {
+            int rc = halo_comm_destroy(c);
+            _exit(rc == HALO_SUCCESS ? 0 : 3);
+        }
+        int status = 0;
+        double until = now_s() + 10;
+        while (waitpid(child, &status, WNOHANG) == 0) {
+            if (now_s() > until) {
+                kill(child, SIGKILL);
+                waitpid(child, &status, 0);
+                CHECK(0, "the forked child's halo_comm_destroy hung");
+                break;
+            }
+            usleep(10000);
+        }
+        CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "the child's destroy failed (status %#x)", status);
+    } else {
+        usleep(500 * 1000); /* after the child's destroy */
+    }
+    memset(out, 0x7f, sizeof out);
+    halo_result_t rc = halo_plan_forward(plan, x, out);
+    CHECK(rc == HALO_SUCCESS, "exchange after the fork: %s: %s", halo_strerror(rc), halo_last_error());
+    if (rc == HALO_SUCCESS) check_1d(out, 8, 1 - g_rank, "after the fork");
+    HALO_OK(halo_plan_destroy(plan));
+    HALO_OK(halo_comm_destroy(c));
+    printf("test_request --fork: rank %d: %d failures\n", g_rank, g_failures);
+    return g_failures ? 1 : 0;
+}
+
 static int rank_main(int port) {
     halo_comm_t c = make_comm(port, 20000);
     check_forms(c, HALO_FLOAT32);
@@ -279,16 +564,39 @@ static int rank_main(int port) {
     return g_failures ? 1 : 0;
 }
 
+static const struct mode {
+    const char *flag;
+    int (*main)(int port);
+    int world;
+} modes[] = {
+    {"--abort", abort_main, 2},         {"--order", order_main, 2},       {"--small-streams", small_streams_main, 2},
+    {"--queue", queue_main, 2},         {"--queue-abort", queue_abort_main, 2}, {"--destroyed", destroyed_main, 1},
+    {"--owner", owner_main, 2},         {"--abort-plan", abort_plan_main, 2},   {"--fork", fork_main, 2},
+};
+
 int main(int argc, char **argv) {
     int port = 0;
     setvbuf(stdout, NULL, _IOLBF, 0);
     g_stream = has_flag(argc, argv, "--stream");
-    int aborting = has_flag(argc, argv, "--abort"), ordering = has_flag(argc, argv, "--order");
+    const struct mode *m = NULL;
+    for (size_t i = 0; i < sizeof modes / sizeof modes[0]; i++)
+        if (has_flag(argc, argv, modes[i].flag)) m = &modes[i];
     halo_comm_params_t unused = HALO_COMM_PARAMS_INITIALIZER;
     (void)unused;
-    if (rank_args(argc, argv, &port)) return aborting ? abort_main(port) : ordering ? order_main(port) : rank_main(port);
-    char *extra[1] = {aborting ? "--abort" : ordering ? "--order" : "--stream"};
-    int bad = launch(argv[0], aborting || ordering ? 2 : 3, 90, NULL, g_stream || aborting || ordering, extra);
-    printf("test_request%s: %s\n", aborting ? " --abort" : ordering ? " --order" : g_stream ? " --stream" : "", bad ? "FAILED" : "passed");
+    if (rank_args(argc, argv, &port)) return m ? m->main(port) : rank_main(port);
+    int bad;
+    if (m && m->main == small_streams_main) {
+        /* The collector as often as it goes, on one rank and on two. */
+        setenv("GOGC", "1", 1);
+        char *extra[1] = {(char *)m->flag};
+        bad = launch(argv[0], 1, 60, NULL, 1, extra) + launch(argv[0], 2, 60, NULL, 1, extra);
+    } else if (m) {
+        char *extra[1] = {(char *)m->flag};
+        bad = launch(argv[0], m->world, m->main == queue_main || m->main == queue_abort_main ? 30 : 60, NULL, 1, extra);
+    } else {
+        char *extra[1] = {"--stream"};
+        bad = launch(argv[0], 3, 90, NULL, g_stream, extra);
+    }
+    printf("test_request%s%s: %s\n", m || g_stream ? " " : "", m ? m->flag : g_stream ? "--stream" : "", bad ? "FAILED" : "passed");
     return bad ? 1 : 0;
 }

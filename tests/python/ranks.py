@@ -537,6 +537,37 @@ def scenario_timeout():
     expect_bits(y, oracle_forward(gather(x), RANK, 1, 1, 1), "the exchange on a new communicator")
 
 
+def scenario_fork():
+    """A communicator belongs to the process that made it: rank 0 forks a
+    child that uses nothing and leaves through sys.exit, which runs
+    halocp's atexit; the child must not destroy the communicator it
+    inherited (its goodbye made the peers fail PEER_FAILED), and both ranks
+    then exchange as before."""
+    x = torch.randn(2, 3 + RANK, 4)
+    want = oracle_forward(gather(x), RANK, 1, 1, 1)
+    expect_bits(halocp.cp_halo_exchange(x, 1, 1, 1), want, "an exchange before the fork")
+    if RANK == 0:
+        # main's watchdog thread would not be in the child, whose exit then
+        # waits for it for ever: disarmed across the fork, armed again after.
+        faulthandler.cancel_dump_traceback_later()
+        pid = os.fork()
+        if pid == 0:
+            sys.exit(0)
+        faulthandler.dump_traceback_later(float(os.environ.get("HALOCP_TEST_DEADLINE", "100")) - 5, exit=True)
+        deadline = time.monotonic() + 20
+        while (status := os.waitpid(pid, os.WNOHANG))[0] == 0:
+            if time.monotonic() > deadline:
+                os.kill(pid, 9)
+                os.waitpid(pid, 0)
+                raise Failure("the forked child did not exit within 20 s")
+            time.sleep(0.01)
+        expect(os.WIFEXITED(status[1]) and os.WEXITSTATUS(status[1]) == 0, f"the child's exit status {status[1]:#x}")
+    dist.barrier()
+    time.sleep(0.2)  # a goodbye from the child would have arrived by now
+    for k in range(3):
+        expect_bits(halocp.cp_halo_exchange(x, 1, 1, 1), want, f"exchange {k} after the forked child exited")
+
+
 def main(scenarios=None):
     """Run the scenarios named on the command line, from ``scenarios`` (a
     module's globals) or this module's."""

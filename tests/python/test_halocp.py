@@ -38,6 +38,13 @@ def test_padding_one_rank():
     assert ranks[0].returncode == 0 and "RESULT padding ok" in ranks[0].stdout, report(ranks)
 
 
+def test_forked_child_leaves_the_communicator_alone():
+    """Issue 31 §5: a forked child's sys.exit (halocp's atexit) must not
+    destroy the parent's communicator; both ranks exchange afterwards."""
+    ranks = launch(HERE / "ranks.py", 2, ["fork"], timeout=60, env={"HALO_TIMEOUT_MS": "5000"})
+    expect_scenario(ranks, "fork")
+
+
 def _python(code: str, **env) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO,
                           env=dict(os.environ, PYTHONPATH=str(REPO / "python"), **env))
