@@ -32,6 +32,16 @@ def test_ranks(ranks, scenario):
     expect_scenario(ranks, scenario)
 
 
+@pytest.mark.parametrize("world", [2, 3])
+def test_orders(world):
+    """Two exchanges in flight that agree again, finished in any order
+    (ranks_overlap.py's scenario_orders); a short deadline, so that a rank
+    blocked in one's agreement while its peer blocks in the other's fails
+    in seconds."""
+    expect_scenario(launch(HERE / "ranks_overlap.py", world, ["orders"], timeout=60,
+                           env={"HALO_TIMEOUT_MS": "3000"}), "orders")
+
+
 def test_layers_without_distributed():
     """With torch.distributed not initialised and no group, the layers are
     plain convolutions over the whole sequence (zeros before and after it)."""
