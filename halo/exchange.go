@@ -3,7 +3,6 @@ package halo
 import (
 	"errors"
 	"fmt"
-	"slices"
 	"time"
 	"unsafe"
 
@@ -119,11 +118,13 @@ func (p *Plan) DoMulti(c Call, wait bool, a, b, d []unsafe.Pointer) error {
 		return err
 	}
 	dc.inFlight, dc.arrived, dc.ready, dc.err = true, false, false, nil
-	p.g.inflight = append(p.g.inflight, dc)
-	if !wait {
-		return nil
+	if wait {
+		// Nothing else runs on the group until it returns (and its own
+		// waits progress the others): it need not be listed.
+		return p.settle(dc)
 	}
-	return p.settle(dc)
+	p.g.inflight = append(p.g.inflight, dc)
+	return nil
 }
 
 func (p *Plan) call(c Call) (*dirCall, bool, error) {
@@ -187,9 +188,10 @@ func (dc *dirCall) batch() (transport.Batch, []recvInfo) {
 // every peer ran the same instance, after agreeing with every rank in this
 // same call and running it again on the agreed instance if one did not.
 func (p *Plan) settle(dc *dirCall) error {
-	if dc.ag == nil && !dc.arrived && dc.err == nil && p.g.quietBut(dc) {
-		// The steady state: nothing else in flight needs this rank, so
-		// the transport's own wait, as if no other call existed.
+	if dc.ag == nil && !dc.arrived && dc.err == nil && (len(p.g.inflight) == 0 || p.g.quietBut(dc)) {
+		// Nothing else in flight needs this rank: the transport's own
+		// wait, as if no other call existed, and in the steady state (every
+		// peer ran the same instance) the completion, with nothing more.
 		if b, _ := dc.batch(); b != nil {
 			if err := b.Wait(p.g.opts.Timeout); err != nil {
 				p.failed(dc, err)
@@ -197,6 +199,14 @@ func (p *Plan) settle(dc *dirCall) error {
 			}
 		}
 		dc.arrived = true
+		if same, err := p.judge(dc); same && err == nil {
+			dc.inst.complete(dc.inst.sched(dc.d))
+			dc.inFlight, dc.arrived = false, false
+			if len(p.g.inflight) > 0 {
+				p.g.unlist(dc)
+			}
+			return nil
+		}
 	}
 	if ready, err := p.progress(dc); ready || err != nil {
 		return p.finish(dc)
@@ -306,7 +316,7 @@ func (p *Plan) finish(dc *dirCall) error {
 		dc.inst.complete(dc.inst.sched(dc.d))
 	}
 	dc.inFlight, dc.arrived, dc.ready, dc.err = false, false, false, nil
-	p.g.inflight = slices.DeleteFunc(p.g.inflight, func(x *dirCall) bool { return x == dc })
+	p.g.unlist(dc)
 	return err
 }
 

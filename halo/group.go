@@ -149,6 +149,20 @@ func (g *Group) nextSeq() uint64 {
 	return g.seq
 }
 
+// unlist removes dc from the exchanges in flight (most often the last one
+// started, or the only one).
+func (g *Group) unlist(dc *dirCall) {
+	for i := len(g.inflight) - 1; i >= 0; i-- {
+		if g.inflight[i] == dc {
+			n := len(g.inflight) - 1
+			copy(g.inflight[i:], g.inflight[i+1:])
+			g.inflight[n] = nil
+			g.inflight = g.inflight[:n]
+			return
+		}
+	}
+}
+
 // quietBut says whether every exchange in flight on the group other than
 // self needs nothing more from this rank's wire: each is ready (every peer
 // ran the same instance, only its local completion is left) or has ended.

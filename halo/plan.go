@@ -184,7 +184,7 @@ func (p *Plan) Close() error {
 		}
 		if dc.inFlight {
 			dc.inFlight, dc.err = false, nil
-			p.g.inflight = slices.DeleteFunc(p.g.inflight, func(x *dirCall) bool { return x == dc })
+			p.g.unlist(dc)
 		}
 		if dc.note != nil {
 			if err := dc.note.Close(); err != nil && first == nil {
