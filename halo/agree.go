@@ -145,10 +145,16 @@ func (a *agreement) wireErr(err error) error {
 	if !a.outcome {
 		return fmt.Errorf("rank %d: agreeing on plan %d (every rank must make the same collective calls in the same order): %w", p.g.Rank(), p.id, err)
 	}
+	a.drop()
+	return fmt.Errorf("rank %d: agreeing on plan %d: %w", p.g.Rank(), p.id, err)
+}
+
+// drop closes the instance this agreement made, which no rank will run.
+func (a *agreement) drop() {
 	if a.made {
 		a.in.close()
+		a.made = false
 	}
-	return fmt.Errorf("rank %d: agreeing on plan %d: %w", p.g.Rank(), p.id, err)
 }
 
 // step advances the agreement without blocking; done once it has ended: in
@@ -183,7 +189,7 @@ func (a *agreement) step() (in *instance, done bool, err error) {
 	a.r = nil
 	if err := g.outcomeOf(got, p.id); err != nil {
 		if a.made {
-			a.in.close()
+			a.drop()
 		} else if a.in != nil && a.local == nil {
 			p.use(a.in) // agreed and kept; only this call failed
 		}
@@ -193,11 +199,10 @@ func (a *agreement) step() (in *instance, done bool, err error) {
 	// Both directions of the plan may have agreed on the same layout at
 	// once, each making its own: keep the first one agreed.
 	if x := p.find(in.ident); x != nil && x != in {
-		if a.made {
-			in.close()
-		}
+		a.drop()
 		in = x
 	}
+	a.made = false // the plan's now
 	p.use(in)
 	return in, true, nil
 }
@@ -220,10 +225,7 @@ func (a *agreement) close() {
 		a.r.close()
 		a.r = nil
 	}
-	if a.made {
-		a.in.close()
-		a.made = false
-	}
+	a.drop()
 }
 
 // decide reads every rank's records: it finds the instance they describe,

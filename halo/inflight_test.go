@@ -1,8 +1,10 @@
 package halo_test
 
 import (
+	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -236,6 +238,67 @@ func TestInFlightBothDirectionsOfOnePlan(t *testing.T) {
 			}
 		}
 		return nil
+	})
+	for r, err := range errs {
+		if err != nil {
+			t.Errorf("rank %d: %v", r, err)
+		}
+	}
+	if d := time.Since(begin); d > timeout/2 {
+		t.Errorf("took %v: a rank waited for a deadline", d)
+	}
+}
+
+// A true disagreement on one of two exchanges in flight, found while the
+// other's wait progresses it: that exchange's own wait gets MISMATCH on
+// every rank, the other one finishes, and the group stays usable.
+func TestInFlightMismatchGoesToItsOwnCall(t *testing.T) {
+	const timeout = 2 * time.Second
+	begin := time.Now()
+	errs := halotest.Groups(2, GroupOptions{Timeout: timeout}, func(g *Group) error {
+		cache := map[string]*Plan{}
+		f, err := newFlight(g, cache, [][]int64{{3, 2}})
+		if err != nil {
+			return err
+		}
+		// Float32 on rank 0, float64 on rank 1.
+		bad, err := g.NewDeferredPlan([]Spec{{DType: []DType{Float32, Float64}[g.Rank()], Shape: []int64{2}, Dim: 0, Left: 1, Right: 1}})
+		if err != nil {
+			return err
+		}
+		x, out := make([]float64, 2), make([]float64, 4)
+		if err := f.start(0, DirForward); err != nil {
+			return err
+		}
+		if err := bad.ForwardStart(PtrOf(x), PtrOf(out)); err != nil {
+			return err
+		}
+		waitBad := func() error {
+			if err := bad.Wait(DirForward); !errors.Is(err, ErrMismatch) || !strings.Contains(err.Error(), "dtype: float32 on rank 0, float64 on rank 1") {
+				return fmt.Errorf("the disagreeing exchange: got %v, want MISMATCH naming the dtypes", err)
+			}
+			return nil
+		}
+		if g.Rank() == 1 {
+			if err := waitBad(); err != nil {
+				return err
+			}
+		}
+		if err := f.plans[0].Wait(DirForward); err != nil {
+			return err
+		}
+		if err := f.check(0, DirForward); err != nil {
+			return err
+		}
+		if g.Rank() == 0 {
+			if err := waitBad(); err != nil {
+				return err
+			}
+		}
+		if err := g.Err(); err != nil {
+			return fmt.Errorf("the group failed: %v", err)
+		}
+		return f.run(actions("s0 w0"), DirBackward)
 	})
 	for r, err := range errs {
 		if err != nil {
