@@ -117,7 +117,7 @@ func (p *Plan) DoMulti(c Call, wait bool, a, b, d []unsafe.Pointer) error {
 	if err := p.attempt(dc, p.cur); err != nil {
 		return err
 	}
-	dc.inFlight, dc.arrived, dc.ready, dc.err = true, false, false, nil
+	dc.inFlight = true // (arrived, ready, ag and err were cleared when the last call ended)
 	if wait {
 		// Nothing else runs on the group until it returns (and its own
 		// waits progress the others): it need not be listed.

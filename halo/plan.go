@@ -183,7 +183,7 @@ func (p *Plan) Close() error {
 				ErrState, p.g.Rank(), p.id, dc.what))
 		}
 		if dc.inFlight {
-			dc.inFlight, dc.err = false, nil
+			dc.inFlight, dc.arrived, dc.ready, dc.err = false, false, false, nil
 			p.g.unlist(dc)
 		}
 		if dc.note != nil {

@@ -32,7 +32,7 @@ def test_ranks(ranks, scenario):
     expect_scenario(ranks, scenario)
 
 
-@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("world", [2, 3], ids=lambda w: f"W{w}")
 def test_orders(world):
     """Two exchanges in flight that agree again, finished in any order
     (ranks_overlap.py's scenario_orders); a short deadline, so that a rank
