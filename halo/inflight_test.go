@@ -142,22 +142,31 @@ func (f *flight) run(as []action, d Direction) error {
 	return nil
 }
 
-// inflightSteps are every rank's lengths per step and layout, for W = 2:
-// first all deferred, then a rank whose own length repeats reuses its plan
-// while its peer makes a new one, then a step that agrees on kept
+// inflightSteps are every rank's lengths per step and layout, per world
+// size: first all deferred, then a rank whose own length repeats reuses its
+// plan while a peer makes a new one, then a step that agrees on kept
 // instances, then a steady one (nothing changed).
-var inflightSteps = [][][]int64{
-	{{3, 3}, {2, 2}},
-	{{3, 5}, {2, 3}},
-	{{0, 4}, {4, 1}},
-	{{3, 1}, {2, 2}},
-	{{3, 1}, {2, 2}},
+var inflightSteps = map[int][][][]int64{
+	2: {
+		{{3, 3}, {2, 2}},
+		{{3, 5}, {2, 3}},
+		{{0, 4}, {4, 1}},
+		{{3, 1}, {2, 2}},
+		{{3, 1}, {2, 2}},
+	},
+	3: {
+		{{3, 3, 1}, {2, 2, 2}},
+		{{3, 5, 1}, {2, 3, 2}},
+		{{0, 4, 2}, {4, 1, 0}},
+		{{3, 1, 1}, {2, 2, 2}},
+		{{3, 1, 1}, {2, 2, 2}},
+	},
 }
 
 func TestInFlightAgreementsAnyOrder(t *testing.T) {
 	cases := []struct {
 		name string
-		rank [2]string // per rank: its actions, as "s0 s1 w0 w1"
+		rank [2]string // per rank (by parity): its actions, as "s0 s1 w0 w1"
 	}{
 		// rank 0 waits the first then the second, rank 1 the other way round.
 		{"wait_orders", [2]string{"s0 s1 w0 w1", "s0 s1 w1 w0"}},
@@ -174,35 +183,47 @@ func TestInFlightAgreementsAnyOrder(t *testing.T) {
 		{"three", [2]string{"s0 s1 s2 w2 w0 w1", "s0 s1 s2 p1 w2 w0"}},
 	}
 	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			const timeout = 2 * time.Second
-			begin := time.Now()
-			errs := halotest.Groups(2, GroupOptions{Timeout: timeout}, func(g *Group) error {
-				cache := map[string]*Plan{}
-				as := actions(c.rank[g.Rank()])
-				for i, ls := range inflightSteps {
-					ls = append(ls, []int64{1 + int64(i%2), 2}) // a third layout for "three"
-					for _, d := range []Direction{DirForward, DirBackward} {
-						f, err := newFlight(g, cache, ls)
-						if err != nil {
-							return err
-						}
-						if err := f.run(as, d); err != nil {
-							return fmt.Errorf("step %d %v: %w", i, []string{"forward", "backward"}[d], err)
-						}
-					}
-				}
-				return nil
+		for _, W := range []int{2, 3} {
+			t.Run(fmt.Sprintf("%s_W%d", c.name, W), func(t *testing.T) {
+				checkInFlight(t, W, c.rank)
 			})
-			for r, err := range errs {
+		}
+	}
+}
+
+// checkInFlight runs every step of inflightSteps[W], forward then backward,
+// each rank doing the actions of its parity.
+func checkInFlight(t *testing.T, W int, rank [2]string) {
+	const timeout = 2 * time.Second
+	begin := time.Now()
+	errs := halotest.Groups(W, GroupOptions{Timeout: timeout}, func(g *Group) error {
+		cache := map[string]*Plan{}
+		as := actions(rank[g.Rank()%2])
+		for i, ls := range inflightSteps[W] {
+			third := make([]int64, W) // a third layout for "three"
+			for r := range third {
+				third[r] = int64(1 + (i+r)%2)
+			}
+			ls = append(ls, third)
+			for _, d := range []Direction{DirForward, DirBackward} {
+				f, err := newFlight(g, cache, ls)
 				if err != nil {
-					t.Errorf("rank %d: %v", r, err)
+					return err
+				}
+				if err := f.run(as, d); err != nil {
+					return fmt.Errorf("step %d %v: %w", i, []string{"forward", "backward"}[d], err)
 				}
 			}
-			if d := time.Since(begin); d > timeout/2 {
-				t.Errorf("took %v: a rank waited for a deadline", d)
-			}
-		})
+		}
+		return nil
+	})
+	for r, err := range errs {
+		if err != nil {
+			t.Errorf("rank %d: %v", r, err)
+		}
+	}
+	if d := time.Since(begin); d > timeout/2 {
+		t.Errorf("took %v: a rank waited for a deadline", d)
 	}
 }
 
@@ -213,7 +234,7 @@ func TestInFlightBothDirectionsOfOnePlan(t *testing.T) {
 	begin := time.Now()
 	errs := halotest.Groups(2, GroupOptions{Timeout: timeout}, func(g *Group) error {
 		cache := map[string]*Plan{}
-		for i, ls := range inflightSteps {
+		for i, ls := range inflightSteps[2] {
 			f, err := newFlight(g, cache, ls[:1])
 			if err != nil {
 				return err
