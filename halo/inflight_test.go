@@ -194,7 +194,7 @@ func TestInFlightAgreementsAnyOrder(t *testing.T) {
 // checkInFlight runs every step of inflightSteps[W], forward then backward,
 // each rank doing the actions of its parity.
 func checkInFlight(t *testing.T, W int, rank [2]string) {
-	const timeout = 2 * time.Second
+	const timeout = 3 * time.Second
 	begin := time.Now()
 	errs := halotest.Groups(W, GroupOptions{Timeout: timeout}, func(g *Group) error {
 		cache := map[string]*Plan{}
@@ -230,7 +230,7 @@ func checkInFlight(t *testing.T, W int, rank [2]string) {
 // The forward and backward of one plan in flight together, both agreeing
 // again, finished in opposite orders on the two ranks.
 func TestInFlightBothDirectionsOfOnePlan(t *testing.T) {
-	const timeout = 2 * time.Second
+	const timeout = 3 * time.Second
 	begin := time.Now()
 	errs := halotest.Groups(2, GroupOptions{Timeout: timeout}, func(g *Group) error {
 		cache := map[string]*Plan{}
@@ -274,7 +274,7 @@ func TestInFlightBothDirectionsOfOnePlan(t *testing.T) {
 // other's wait progresses it: that exchange's own wait gets MISMATCH on
 // every rank, the other one finishes, and the group stays usable.
 func TestInFlightMismatchGoesToItsOwnCall(t *testing.T) {
-	const timeout = 2 * time.Second
+	const timeout = 3 * time.Second
 	begin := time.Now()
 	errs := halotest.Groups(2, GroupOptions{Timeout: timeout}, func(g *Group) error {
 		cache := map[string]*Plan{}
