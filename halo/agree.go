@@ -161,15 +161,20 @@ func (a *agreement) drop() {
 // is the instance every rank agreed on, or err says why there is none.
 func (a *agreement) step() (in *instance, done bool, err error) {
 	p, g := a.p, a.p.g
-	if !a.outcome {
-		got, ok, err := a.r.test()
-		if err != nil {
+	var got [][]byte
+	for {
+		var ok bool
+		if got, ok, err = a.r.test(); err != nil {
 			return nil, true, a.wireErr(err)
 		}
 		if !ok {
 			return nil, false, nil
 		}
 		a.moves++
+		if a.outcome {
+			break
+		}
+		// The records are in: decide, then tell the others how it went.
 		if err := a.decide(got); err != nil {
 			return nil, true, err
 		}
@@ -178,14 +183,6 @@ func (a *agreement) step() (in *instance, done bool, err error) {
 			return nil, true, a.wireErr(err)
 		}
 	}
-	got, ok, err := a.r.test()
-	if err != nil {
-		return nil, true, a.wireErr(err)
-	}
-	if !ok {
-		return nil, false, nil
-	}
-	a.moves++
 	a.r = nil
 	if err := g.outcomeOf(got, p.id); err != nil {
 		if a.made {

@@ -191,12 +191,28 @@ func TestInFlightAgreementsAnyOrder(t *testing.T) {
 	}
 }
 
+// inFlightGroups runs fn on every rank of a group of W under a short
+// deadline, and fails t for each rank's error and if the whole took half
+// the deadline (a rank waited for it).
+func inFlightGroups(t *testing.T, W int, fn func(g *Group) error) {
+	t.Helper()
+	const timeout = 3 * time.Second
+	begin := time.Now()
+	errs := halotest.Groups(W, GroupOptions{Timeout: timeout}, fn)
+	for r, err := range errs {
+		if err != nil {
+			t.Errorf("rank %d: %v", r, err)
+		}
+	}
+	if d := time.Since(begin); d > timeout/2 {
+		t.Errorf("took %v: a rank waited for a deadline", d)
+	}
+}
+
 // checkInFlight runs every step of inflightSteps[W], forward then backward,
 // each rank doing the actions of its parity.
 func checkInFlight(t *testing.T, W int, rank [2]string) {
-	const timeout = 3 * time.Second
-	begin := time.Now()
-	errs := halotest.Groups(W, GroupOptions{Timeout: timeout}, func(g *Group) error {
+	inFlightGroups(t, W, func(g *Group) error {
 		cache := map[string]*Plan{}
 		as := actions(rank[g.Rank()%2])
 		for i, ls := range inflightSteps[W] {
@@ -217,22 +233,12 @@ func checkInFlight(t *testing.T, W int, rank [2]string) {
 		}
 		return nil
 	})
-	for r, err := range errs {
-		if err != nil {
-			t.Errorf("rank %d: %v", r, err)
-		}
-	}
-	if d := time.Since(begin); d > timeout/2 {
-		t.Errorf("took %v: a rank waited for a deadline", d)
-	}
 }
 
 // The forward and backward of one plan in flight together, both agreeing
 // again, finished in opposite orders on the two ranks.
 func TestInFlightBothDirectionsOfOnePlan(t *testing.T) {
-	const timeout = 3 * time.Second
-	begin := time.Now()
-	errs := halotest.Groups(2, GroupOptions{Timeout: timeout}, func(g *Group) error {
+	inFlightGroups(t, 2, func(g *Group) error {
 		cache := map[string]*Plan{}
 		for i, ls := range inflightSteps[2] {
 			f, err := newFlight(g, cache, ls[:1])
@@ -260,23 +266,13 @@ func TestInFlightBothDirectionsOfOnePlan(t *testing.T) {
 		}
 		return nil
 	})
-	for r, err := range errs {
-		if err != nil {
-			t.Errorf("rank %d: %v", r, err)
-		}
-	}
-	if d := time.Since(begin); d > timeout/2 {
-		t.Errorf("took %v: a rank waited for a deadline", d)
-	}
 }
 
 // A true disagreement on one of two exchanges in flight, found while the
 // other's wait progresses it: that exchange's own wait gets MISMATCH on
 // every rank, the other one finishes, and the group stays usable.
 func TestInFlightMismatchGoesToItsOwnCall(t *testing.T) {
-	const timeout = 3 * time.Second
-	begin := time.Now()
-	errs := halotest.Groups(2, GroupOptions{Timeout: timeout}, func(g *Group) error {
+	inFlightGroups(t, 2, func(g *Group) error {
 		cache := map[string]*Plan{}
 		f, err := newFlight(g, cache, [][]int64{{3, 2}})
 		if err != nil {
@@ -321,12 +317,4 @@ func TestInFlightMismatchGoesToItsOwnCall(t *testing.T) {
 		}
 		return f.run(actions("s0 w0"), DirBackward)
 	})
-	for r, err := range errs {
-		if err != nil {
-			t.Errorf("rank %d: %v", r, err)
-		}
-	}
-	if d := time.Since(begin); d > timeout/2 {
-		t.Errorf("took %v: a rank waited for a deadline", d)
-	}
 }
