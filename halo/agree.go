@@ -112,7 +112,6 @@ func decodeRecord(b []byte) (record, error) {
 type agreement struct {
 	p       *Plan
 	seq     uint64
-	call    int32
 	verify  func(*instance) error // nil for a creation: checks the caller's tensors against the instance found
 	r       *round                // the round in flight: the records, then the results
 	outcome bool                  // the records are in; r is the results' round
@@ -132,7 +131,7 @@ func (p *Plan) startAgreement(seq uint64, call int32, verify func(*instance) err
 		r.call = call
 		r.encode(mine[k*recordSize:])
 	}
-	a := &agreement{p: p, seq: seq, call: call, verify: verify}
+	a := &agreement{p: p, seq: seq, verify: verify}
 	var err error
 	if a.r, err = p.g.postRound(seq, phaseSetup, mine); err != nil {
 		return nil, a.wireErr(err)
@@ -140,6 +139,7 @@ func (p *Plan) startAgreement(seq uint64, call int32, verify func(*instance) err
 	return a, nil
 }
 
+// wireErr says which agreement the wire failed in, and drops what it made.
 func (a *agreement) wireErr(err error) error {
 	p := a.p
 	if !a.outcome {
@@ -313,6 +313,8 @@ type round struct {
 	got  [][]byte // once done; got[me] is mine
 }
 
+var errRoundClosed = fmt.Errorf("%w: an agreement's round was used after it failed", ErrInternal)
+
 func (g *Group) postRound(seq uint64, phase int, mine []byte) (*round, error) {
 	W, me, n := g.Size(), g.Rank(), len(mine)
 	r := &round{g: g, mine: mine}
@@ -357,6 +359,9 @@ func (r *round) test() ([][]byte, bool, error) {
 	if r.got != nil {
 		return r.got, true, nil
 	}
+	if r.b == nil {
+		return nil, true, errRoundClosed
+	}
 	done, err := r.b.Test()
 	if err != nil {
 		r.close()
@@ -372,6 +377,9 @@ func (r *round) test() ([][]byte, bool, error) {
 func (r *round) wait(timeout time.Duration) error {
 	if r.got != nil {
 		return nil
+	}
+	if r.b == nil {
+		return errRoundClosed
 	}
 	if err := r.b.Wait(timeout); err != nil {
 		r.close()
