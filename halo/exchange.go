@@ -198,15 +198,15 @@ func (p *Plan) settle(dc *dirCall) error {
 				return p.finish(dc)
 			}
 		}
-		dc.arrived = true
 		if same, err := p.judge(dc); same && err == nil {
 			dc.inst.complete(dc.inst.sched(dc.d))
-			dc.inFlight, dc.arrived = false, false
+			dc.inFlight = false
 			if len(p.g.inflight) > 0 {
 				p.g.unlist(dc)
 			}
 			return nil
 		}
+		dc.arrived = true
 	}
 	if ready, err := p.progress(dc); ready || err != nil {
 		return p.finish(dc)
