@@ -1,5 +1,6 @@
-"""One rank of the tests of halocp's asynchronous and halos-only exchanges,
-its fused nn layers and abort; tests/python/test_overlap.py starts W of them
+"""One rank of the tests of halocp's asynchronous and halos-only exchanges
+(finished in any order), its fused nn layers and abort;
+tests/python/test_overlap.py starts W of them
 (the helpers and the oracle are ranks.py's).
 
     ranks_overlap.py SCENARIO...

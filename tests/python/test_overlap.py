@@ -1,5 +1,5 @@
-"""halocp's asynchronous and halos-only exchanges, the fused nn layers and
-abort, over gloo process groups of 2, 3 and 4 local processes
+"""halocp's asynchronous and halos-only exchanges (finished in any order),
+the fused nn layers and abort, over gloo process groups of 2, 3 and 4 local processes
 (tests/python/ranks_overlap.py holds the checks each rank runs).
 
     python3 -m pytest -p no:cacheprovider tests/python/test_overlap.py
