@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"strings"
+	"time"
 
 	"github.com/halo-cp/halo/halo/transport"
 )
@@ -97,17 +98,32 @@ func decodeRecord(b []byte) (record, error) {
 	return r, nil
 }
 
-// agree runs the agreement of call seq: every rank sends every other its
-// records, each finds the same instance from all of them (or the same
-// disagreement), makes it if it has not kept it, and the ranks exchange
-// whether they could: the result is the same on every rank, and every
-// message sent is received, so the group stays usable whatever the result
-// (unless the wire itself failed).
+// agreement is one agreement of call seq in progress: every rank sends
+// every other its records, each finds the same instance from all of them (or
+// the same disagreement), makes it if it has not kept it, and the ranks
+// exchange whether they could: the result is the same on every rank, and
+// every message sent is received, so the group stays usable whatever the
+// result (unless the wire itself failed).
 //
-// verify (nil for a creation) checks the caller's tensors against the
-// instance found: a failure there is one more local result the ranks share.
-func (p *Plan) agree(seq uint64, call int32, verify func(*instance) error) (*instance, error) {
-	g, W, me, K := p.g, p.g.Size(), p.g.Rank(), len(p.specs)
+// Its two rounds are posted and tested without blocking, so a rank blocked
+// in one call (its own agreement, a wait, a plan creation) still answers
+// the agreements of the others in flight (Group.block): ranks may finish
+// their exchanges in different orders.
+type agreement struct {
+	p       *Plan
+	seq     uint64
+	verify  func(*instance) error // nil for a creation: checks the caller's tensors against the instance found
+	r       *round                // the round in flight: the records, then the results
+	outcome bool                  // the records are in; r is the results' round
+	in      *instance             // found or made from the records
+	made    bool                  // in was made by this agreement (closed if it fails)
+	local   error                 // this rank's result of making in and verifying
+	moves   int                   // rounds completed, for Group.block's deadline
+}
+
+// startAgreement posts the records of call seq (call says what the rank
+// is doing).
+func (p *Plan) startAgreement(seq uint64, call int32, verify func(*instance) error) (*agreement, error) {
 	const msg = MaxLayouts * recordSize
 	mine := make([]byte, msg)
 	for k := range p.specs {
@@ -115,10 +131,107 @@ func (p *Plan) agree(seq uint64, call int32, verify func(*instance) error) (*ins
 		r.call = call
 		r.encode(mine[k*recordSize:])
 	}
-	got, err := g.round(seq, phaseSetup, mine)
-	if err != nil {
-		return nil, fmt.Errorf("rank %d: agreeing on plan %d (every rank must make the same collective calls in the same order): %w", me, p.id, err)
+	a := &agreement{p: p, seq: seq, verify: verify}
+	var err error
+	if a.r, err = p.g.postRound(seq, phaseSetup, mine); err != nil {
+		return nil, a.wireErr(err)
 	}
+	return a, nil
+}
+
+// wireErr says which agreement the wire failed in, and drops what it made.
+func (a *agreement) wireErr(err error) error {
+	p := a.p
+	if !a.outcome {
+		return fmt.Errorf("rank %d: agreeing on plan %d (every rank must make the same collective calls in the same order): %w", p.g.Rank(), p.id, err)
+	}
+	a.drop()
+	return fmt.Errorf("rank %d: agreeing on plan %d: %w", p.g.Rank(), p.id, err)
+}
+
+// drop closes the instance this agreement made, which no rank will run.
+func (a *agreement) drop() {
+	if a.made {
+		a.in.close()
+		a.made = false
+	}
+}
+
+// step advances the agreement without blocking; done once it has ended: in
+// is the instance every rank agreed on, or err says why there is none.
+func (a *agreement) step() (in *instance, done bool, err error) {
+	p, g := a.p, a.p.g
+	var got [][]byte
+	for {
+		var ok bool
+		if got, ok, err = a.r.test(); err != nil {
+			return nil, true, a.wireErr(err)
+		}
+		if !ok {
+			return nil, false, nil
+		}
+		a.moves++
+		if a.outcome {
+			break
+		}
+		// The records are in: decide, then tell the others how it went.
+		if err := a.decide(got); err != nil {
+			return nil, true, err
+		}
+		a.outcome = true
+		if a.r, err = g.postRound(a.seq, phaseOutcome, outcomeMessage(a.local)); err != nil {
+			return nil, true, a.wireErr(err)
+		}
+	}
+	a.r = nil
+	if err := g.outcomeOf(got, p.id); err != nil {
+		if a.made {
+			a.drop()
+		} else if a.in != nil && a.local == nil {
+			p.use(a.in) // agreed and kept; only this call failed
+		}
+		return nil, true, err
+	}
+	in = a.in
+	// Both directions of the plan may have agreed on the same layout at
+	// once, each making its own: keep the first one agreed.
+	if x := p.find(in.ident); x != nil && x != in {
+		a.drop()
+		in = x
+	}
+	a.made = false // the plan's now
+	p.use(in)
+	return in, true, nil
+}
+
+// wait blocks on the round in flight, for Group.block when nothing else
+// needs this rank; step then goes on.
+func (a *agreement) wait(timeout time.Duration) error {
+	if a.r == nil {
+		return nil
+	}
+	if err := a.r.wait(timeout); err != nil {
+		return a.wireErr(err)
+	}
+	return nil
+}
+
+// close ends an agreement that will not finish (its plan is closed).
+func (a *agreement) close() {
+	if a.r != nil {
+		a.r.close()
+		a.r = nil
+	}
+	a.drop()
+}
+
+// decide reads every rank's records: it finds the instance they describe,
+// or their disagreement (the same on every rank), and makes the instance
+// if this rank has not kept it. A local failure to make or verify it is
+// a.local, for the outcome round.
+func (a *agreement) decide(got [][]byte) error {
+	p, g := a.p, a.p.g
+	W, me, K := g.Size(), g.Rank(), len(p.specs)
 	recs := make([][]record, W)
 	for q := 0; q < W; q++ {
 		theirs := got[q]
@@ -130,12 +243,12 @@ func (p *Plan) agree(seq uint64, call int32, verify func(*instance) error) (*ins
 			}
 		}
 		if err != nil {
-			return nil, g.fail(fmt.Errorf("%w: rank %d: plan record from rank %d: %v", ErrTransport, me, q, err))
+			return g.fail(fmt.Errorf("%w: rank %d: plan record from rank %d: %v", ErrTransport, me, q, err))
 		}
 		recs[q] = append([]record{r}, recs[q]...)
 	}
 	if msg := disagreement(recs); msg != "" {
-		return nil, fmt.Errorf("%w on plan %d (seen by rank %d): %s", ErrMismatch, p.id, me, msg)
+		return fmt.Errorf("%w on plan %d (seen by rank %d): %s", ErrMismatch, p.id, me, msg)
 	}
 	var unable []int
 	for q := range recs {
@@ -145,7 +258,7 @@ func (p *Plan) agree(seq uint64, call int32, verify func(*instance) error) (*ins
 	}
 	if len(unable) > 0 {
 		// Decided from the records, so every rank fails alike.
-		return nil, fmt.Errorf("%w: plan %d (seen by rank %d): the transport of %s cannot move %v memory (its UCX was built without it): "+
+		return fmt.Errorf("%w: plan %d (seen by rank %d): the transport of %s cannot move %v memory (its UCX was built without it): "+
 			"use a UCX built with CUDA support (HPC-X, or UCX configured --with-cuda) on every rank, or stage the slabs through host memory "+
 			"with a host plan (halocp does so itself)", ErrInvalid, p.id, me, rankList(unable), recs[unable[0]][0].memory)
 	}
@@ -158,42 +271,61 @@ func (p *Plan) agree(seq uint64, call int32, verify func(*instance) error) (*ins
 		}
 	}
 	ident := g.identOf(agreementHash(recs))
-	in, made := p.find(ident), false
-	var local error
-	if in == nil {
-		in, local = p.newInstance(ident, lengths)
-		made = local == nil
+	a.in = p.find(ident)
+	if a.in == nil {
+		a.in, a.local = p.newInstance(ident, lengths)
+		a.made = a.local == nil
 	}
-	if local == nil && verify != nil {
-		local = verify(in)
+	if a.local == nil && a.verify != nil {
+		a.local = a.verify(a.in)
 	}
-	if err := g.outcome(seq, p.id, local); err != nil {
-		if made {
-			in.close()
-		} else if in != nil && local == nil {
-			p.use(in) // agreed and kept; only this call failed
-		}
-		return nil, err
-	}
-	p.use(in)
-	return in, nil
+	return nil
 }
 
-// round sends mine to every other rank under call seq's tag of phase and
-// returns every rank's message (got[me] is mine). The messages are all as
-// long as mine.
-func (g *Group) round(seq uint64, phase int, mine []byte) ([][]byte, error) {
+// agree runs the agreement of call seq to its end, blocking (a plan's
+// creation).
+func (p *Plan) agree(seq uint64, call int32, verify func(*instance) error) (*instance, error) {
+	a, err := p.startAgreement(seq, call, verify)
+	if err != nil {
+		return nil, err
+	}
+	var in *instance
+	err = p.g.block(nil, func() (bool, error) {
+		var done bool
+		var err error
+		in, done, err = a.step()
+		return done, err
+	}, a.wait, func() int { return a.moves })
+	if err != nil {
+		a.close() // the wire failed under another call: the round may be posted still
+	}
+	return in, err
+}
+
+// round is one round of an agreement: mine sent to every other rank under
+// call seq's tag of phase, and every rank's received. The messages are all
+// as long as mine.
+type round struct {
+	g    *Group
+	mine []byte
+	buf  transport.Buffer
+	b    transport.Batch
+	got  [][]byte // once done; got[me] is mine
+}
+
+var errRoundClosed = fmt.Errorf("%w: an agreement's round was used after it failed", ErrInternal)
+
+func (g *Group) postRound(seq uint64, phase int, mine []byte) (*round, error) {
 	W, me, n := g.Size(), g.Rank(), len(mine)
-	got := make([][]byte, W)
-	got[me] = mine
+	r := &round{g: g, mine: mine}
 	if W == 1 {
-		return got, nil
+		r.got = [][]byte{mine}
+		return r, nil
 	}
 	buf, err := g.t.Alloc(n * (W + 1))
 	if err != nil {
 		return nil, err
 	}
-	defer buf.Free()
 	copy(buf.Bytes()[W*n:], mine)
 	var ops []transport.Op
 	for _, send := range []bool{false, true} {
@@ -211,32 +343,82 @@ func (g *Group) round(seq uint64, phase int, mine []byte) ([][]byte, error) {
 	}
 	b, err := g.t.Prepare(ops)
 	if err != nil {
+		buf.Free()
 		return nil, err
 	}
-	defer b.Close()
+	r.buf, r.b = buf, b
 	if err := b.Post([]uintptr{buf.Addr()}, seq); err != nil {
+		r.close()
 		return nil, g.fail(err)
 	}
-	if err := b.Wait(g.opts.Timeout); err != nil {
-		return nil, g.fail(err)
+	return r, nil
+}
+
+// test reports every rank's message once all have arrived, without blocking.
+func (r *round) test() ([][]byte, bool, error) {
+	if r.got != nil {
+		return r.got, true, nil
 	}
+	if r.b == nil {
+		return nil, true, errRoundClosed
+	}
+	done, err := r.b.Test()
+	if err != nil {
+		r.close()
+		return nil, true, r.g.fail(err)
+	}
+	if done {
+		r.collect()
+	}
+	return r.got, done, nil
+}
+
+// wait blocks until every rank's message has arrived (test then has them).
+func (r *round) wait(timeout time.Duration) error {
+	if r.got != nil {
+		return nil
+	}
+	if r.b == nil {
+		return errRoundClosed
+	}
+	if err := r.b.Wait(timeout); err != nil {
+		r.close()
+		return r.g.fail(err)
+	}
+	r.collect()
+	return nil
+}
+
+func (r *round) collect() {
+	W, me, n := r.g.Size(), r.g.Rank(), len(r.mine)
+	r.got = make([][]byte, W)
+	r.got[me] = r.mine
 	for q := 0; q < W; q++ {
 		if q != me {
-			got[q] = append([]byte(nil), buf.Bytes()[q*n:(q+1)*n]...)
+			r.got[q] = append([]byte(nil), r.buf.Bytes()[q*n:(q+1)*n]...)
 		}
 	}
-	return got, nil
+	r.close()
+}
+
+func (r *round) close() {
+	if r.b != nil {
+		r.b.Close()
+		r.b = nil
+	}
+	if r.buf != nil {
+		r.buf.Free()
+		r.buf = nil
+	}
 }
 
 // An outcome message: the error class (its index in Classes, plus one; 0
 // for success) and the start of the message.
 const outcomeSize = 256
 
-// outcome tells every rank whether this rank made its part of plan id (local
-// is its error) and returns the same result on every rank: nil if all
-// could, else the class of the first rank that could not, naming every such
-// rank and what the first said.
-func (g *Group) outcome(seq uint64, id uint32, local error) error {
+// outcomeMessage is this rank's result of making its part of a plan (local
+// is its error), for the outcome round.
+func outcomeMessage(local error) []byte {
 	mine := make([]byte, outcomeSize)
 	if local != nil {
 		code := len(Classes) // ErrInternal unless classed
@@ -249,10 +431,13 @@ func (g *Group) outcome(seq uint64, id uint32, local error) error {
 		binary.LittleEndian.PutUint32(mine, uint32(code))
 		copy(mine[4:], local.Error())
 	}
-	got, err := g.round(seq, phaseOutcome, mine)
-	if err != nil {
-		return fmt.Errorf("rank %d: agreeing on plan %d: %w", g.Rank(), id, err)
-	}
+	return mine
+}
+
+// outcomeOf reads every rank's outcome message of plan id and returns the
+// same result on every rank: nil if all could, else the class of the first
+// rank that could not, naming every such rank and what the first said.
+func (g *Group) outcomeOf(got [][]byte, id uint32) error {
 	var failed []int
 	first := -1
 	for q, m := range got {

@@ -3,6 +3,7 @@ package halo
 import (
 	"errors"
 	"fmt"
+	"time"
 	"unsafe"
 
 	"github.com/halo-cp/halo/halo/transport"
@@ -18,9 +19,10 @@ const (
 
 // dirCall is one direction's call on a plan, from its start to its end.
 type dirCall struct {
+	p         *Plan
 	d         Direction
 	what      string
-	inFlight  bool
+	inFlight  bool // started and not yet finished by a Wait or Test of the caller
 	halos     bool
 	seq       uint64              // the call's number (see Group.tag)
 	args      [3][]unsafe.Pointer // the caller's tensors: per argument, one per layout
@@ -29,6 +31,13 @@ type dirCall struct {
 	agreed    bool                // the call has agreed once (a second disagreement is a bug)
 	note      transport.Batch     // see Plan.notes
 	noteRecvs []recvInfo
+
+	// Where the call stands (progress), the same whichever call moved it:
+	arrived bool       // the attempt's messages have all come
+	ready   bool       // and every peer ran the same instance: only the local completion is left
+	ag      *agreement // the agreement in progress after an attempt that differed
+	err     error      // the call ended with this; its caller's Wait or Test returns it
+	moves   int        // stages passed, for Group.block's deadline
 }
 
 func (dc *dirCall) phase() int {
@@ -108,11 +117,14 @@ func (p *Plan) DoMulti(c Call, wait bool, a, b, d []unsafe.Pointer) error {
 	if err := p.attempt(dc, p.cur); err != nil {
 		return err
 	}
-	dc.inFlight = true
-	if !wait {
-		return nil
+	dc.inFlight = true // (arrived, ready, ag and err were cleared when the last call ended)
+	if wait {
+		// Nothing else runs on the group until it returns (and its own
+		// waits progress the others): it need not be listed.
+		return p.settle(dc)
 	}
-	return p.settle(dc, false)
+	p.g.inflight = append(p.g.inflight, dc)
+	return nil
 }
 
 func (p *Plan) call(c Call) (*dirCall, bool, error) {
@@ -172,48 +184,153 @@ func (dc *dirCall) batch() (transport.Batch, []recvInfo) {
 	return dc.note, dc.noteRecvs
 }
 
-// settle finishes dc's call once its attempt's messages have arrived (done:
-// a Test saw them; else it waits for them): it completes the exchange if
-// every peer ran the same instance, or else agrees with every rank in this
-// same call and runs it again on the agreed instance.
-func (p *Plan) settle(dc *dirCall, done bool) error {
-	for {
-		if b, _ := dc.batch(); b != nil && !done {
+// settle finishes dc's call, blocking: it completes the exchange once
+// every peer ran the same instance, after agreeing with every rank in this
+// same call and running it again on the agreed instance if one did not.
+func (p *Plan) settle(dc *dirCall) error {
+	if dc.ag == nil && !dc.arrived && dc.err == nil && (len(p.g.inflight) == 0 || p.g.quietBut(dc)) {
+		// Nothing else in flight needs this rank: the transport's own
+		// wait, as if no other call existed, and in the steady state (every
+		// peer ran the same instance) the completion, with nothing more.
+		if b, _ := dc.batch(); b != nil {
 			if err := b.Wait(p.g.opts.Timeout); err != nil {
-				return p.failed(dc, err)
+				p.failed(dc, err)
+				return p.finish(dc)
 			}
 		}
-		done = false
-		same, err := p.judge(dc)
-		if err != nil {
-			return p.failed(dc, err)
-		}
-		if same {
+		if same, err := p.judge(dc); same && err == nil {
 			dc.inst.complete(dc.inst.sched(dc.d))
 			dc.inFlight = false
+			if len(p.g.inflight) > 0 {
+				p.g.unlist(dc)
+			}
 			return nil
 		}
-		if dc.inst != nil {
-			dc.inst.release(dc.inst.sched(dc.d))
-		}
-		if dc.agreed {
-			return p.failed(dc, fmt.Errorf("%w: peers still run another instance after agreeing", ErrInternal))
-		}
-		call := int32(callForward)
-		if dc.d == DirBackward {
-			call = callBackward
-		}
-		in, err := p.agree(dc.seq, call, func(in *instance) error { return in.check(in.sched(dc.d), dc.ptrs) })
-		dc.agreed = true
-		if err != nil {
-			dc.inst, dc.inFlight = nil, false
-			return fmt.Errorf("%w (in the %s of call %d)", err, dc.what, dc.seq)
-		}
-		if err := p.attempt(dc, in); err != nil {
-			dc.inFlight = false
-			return err
-		}
+		dc.arrived = true
 	}
+	if ready, err := p.progress(dc); ready || err != nil {
+		return p.finish(dc)
+	}
+	if err := p.g.block(dc, func() (bool, error) { return p.progress(dc) }, dc.wait, func() int { return dc.moves }); err != nil && dc.err == nil {
+		p.failed(dc, err) // the wire failed under another call
+	}
+	return p.finish(dc)
+}
+
+// progress advances dc's call as far as it goes without blocking, whichever
+// call on the group runs it: it tests the attempt's messages and judges
+// them, and where a peer ran another instance, posts and advances the
+// agreement and then the attempt on the agreed instance. It stops short of
+// the completion, which writes the caller's tensors and belongs to the
+// caller's own Wait or Test. ready: only the completion is left; err: the
+// call has ended (dc.err).
+func (p *Plan) progress(dc *dirCall) (ready bool, err error) {
+	for dc.err == nil && !dc.ready {
+		if dc.ag == nil {
+			if !dc.arrived {
+				if b, _ := dc.batch(); b != nil {
+					done, err := b.Test()
+					if err != nil {
+						return false, p.failed(dc, err)
+					}
+					if !done {
+						return false, nil
+					}
+				}
+				dc.arrived = true
+				dc.moves++
+			}
+			same, err := p.judge(dc)
+			if err != nil {
+				return false, p.failed(dc, err)
+			}
+			if same {
+				dc.ready = true
+				break
+			}
+			if dc.inst != nil {
+				dc.inst.release(dc.inst.sched(dc.d))
+			}
+			if dc.agreed {
+				return false, p.failed(dc, fmt.Errorf("%w: peers still run another instance after agreeing", ErrInternal))
+			}
+			call := int32(callForward)
+			if dc.d == DirBackward {
+				call = callBackward
+			}
+			dc.agreed = true
+			if dc.ag, err = p.startAgreement(dc.seq, call, func(in *instance) error { return in.check(in.sched(dc.d), dc.ptrs) }); err != nil {
+				return false, p.ended(dc, err)
+			}
+			dc.moves++
+		}
+		moved := dc.ag.moves
+		in, done, err := dc.ag.step()
+		dc.moves += dc.ag.moves - moved
+		if err != nil {
+			dc.ag = nil
+			return false, p.ended(dc, err)
+		}
+		if !done {
+			return false, nil
+		}
+		dc.ag = nil
+		if err := p.attempt(dc, in); err != nil {
+			return false, p.ended(dc, err)
+		}
+		dc.arrived = false
+		dc.moves++
+	}
+	return dc.ready, dc.err
+}
+
+// wait blocks on what dc's call waits for now, for Group.block when nothing
+// else needs this rank; progress then goes on from there.
+func (dc *dirCall) wait(timeout time.Duration) error {
+	p := dc.p
+	if dc.err != nil || dc.ready {
+		return nil
+	}
+	if dc.ag != nil {
+		if err := dc.ag.wait(timeout); err != nil {
+			dc.ag = nil
+			return p.ended(dc, err)
+		}
+		return nil
+	}
+	if b, _ := dc.batch(); b != nil && !dc.arrived {
+		if err := b.Wait(timeout); err != nil {
+			return p.failed(dc, err)
+		}
+		dc.arrived = true
+		dc.moves++
+	}
+	return nil
+}
+
+// finish ends dc's call for its caller: it completes the exchange if it is
+// ready, else returns how it ended.
+func (p *Plan) finish(dc *dirCall) error {
+	err := dc.err
+	if err == nil && dc.ready {
+		dc.inst.complete(dc.inst.sched(dc.d))
+	}
+	dc.inFlight, dc.arrived, dc.ready, dc.err = false, false, false, nil
+	p.g.unlist(dc)
+	return err
+}
+
+// ended ends dc's call with err (the wire is fine: a mismatch, a rank that
+// could not run the agreed layout); its caller's Wait or Test returns err.
+func (p *Plan) ended(dc *dirCall, err error) error {
+	if dc.inst != nil && dc.inst.sched(dc.d).inFlight {
+		dc.inst.release(dc.inst.sched(dc.d))
+	}
+	dc.inst = nil
+	if dc.err == nil {
+		dc.err = fmt.Errorf("%w (in the %s of call %d)", err, dc.what, dc.seq)
+	}
+	return dc.err
 }
 
 // judge reads the tags of what every peer sent in dc's attempt: true if all
@@ -244,14 +361,22 @@ func (p *Plan) failed(dc *dirCall, err error) error {
 	if dc.inst != nil {
 		dc.inst.release(dc.inst.sched(dc.d))
 	}
-	dc.inst, dc.inFlight = nil, false
+	if dc.ag != nil {
+		dc.ag.close()
+		dc.ag = nil
+	}
+	dc.inst = nil
 	hint := ""
 	if errors.Is(err, ErrTimeout) {
-		// Ranks in different plans or layouts meet and agree; what is left
+		// Ranks in different plans or layouts meet and agree, and every
+		// call in flight progresses the others' agreements; what is left
 		// to time out is a peer that never made this call.
 		hint = fmt.Sprintf(" (collective call %d on this communicator: every rank must make the same exchanges in the same order)", dc.seq)
 	}
-	return p.g.fail(fmt.Errorf("rank %d: %s of plan %d%s: %w", p.g.Rank(), dc.what, p.id, hint, err))
+	if dc.err == nil {
+		dc.err = p.g.fail(fmt.Errorf("rank %d: %s of plan %d%s: %w", p.g.Rank(), dc.what, p.id, hint, err))
+	}
+	return dc.err
 }
 
 // Forward fills out = [left halo | x | right halo] along dim. x may be the
@@ -298,7 +423,9 @@ func (p *Plan) HalosBackwardStart(gradLeft, gradRight, gradX unsafe.Pointer) err
 	return p.Do(CallHalosBackward, false, gradLeft, gradRight, gradX)
 }
 
-// Wait finishes the exchange that a start call began, within the group's timeout.
+// Wait finishes the exchange that a start call began, within the group's
+// timeout. While it cannot go on, it progresses the other exchanges in
+// flight on the group, so that ranks may finish them in any order.
 func (p *Plan) Wait(d Direction) error {
 	dc, err := p.dir(d)
 	if err != nil {
@@ -307,12 +434,15 @@ func (p *Plan) Wait(d Direction) error {
 	if err := p.inFlight(dc); err != nil {
 		return err
 	}
-	return p.settle(dc, false)
+	return p.settle(dc)
 }
 
 // Test progresses the exchange that a start call began without blocking, and
-// finishes it if its messages have all arrived (agreeing again, blocking,
-// if a peer ran another instance).
+// finishes it if its messages have all arrived and every peer ran the same
+// instance; an agreement that a peer's other instance calls for goes on in
+// later calls (on any exchange of the group). While it is not done, it
+// progresses the other exchanges in flight too, so that a peer waiting for
+// one of them is never left waiting on this rank's polling.
 func (p *Plan) Test(d Direction) (done bool, err error) {
 	dc, err := p.dir(d)
 	if err != nil {
@@ -321,16 +451,16 @@ func (p *Plan) Test(d Direction) (done bool, err error) {
 	if err := p.inFlight(dc); err != nil {
 		return false, err
 	}
-	if b, _ := dc.batch(); b != nil {
-		done, err := b.Test()
-		if err != nil {
-			return true, p.failed(dc, err)
-		}
-		if !done {
-			return false, nil
+	if ready, err := p.progress(dc); ready || err != nil {
+		return true, p.finish(dc)
+	}
+	if len(p.g.inflight) > 1 {
+		if err := p.g.progressOthers(dc); err != nil {
+			p.failed(dc, err)
+			return true, p.finish(dc)
 		}
 	}
-	return true, p.settle(dc, true)
+	return false, nil
 }
 
 // Messages is how many messages with data one exchange of direction d sends

@@ -3,6 +3,7 @@ package halo
 import (
 	"fmt"
 	mbits "math/bits"
+	"runtime"
 	"sync/atomic"
 	"time"
 
@@ -49,6 +50,7 @@ type Group struct {
 	nextPlan uint32                // handle numbers, local to this rank (messages only)
 	seq      uint64                // the last collective call's number (see tag)
 	failed   atomic.Pointer[error] // the first failure; an Abort on another thread may set it
+	inflight []*dirCall            // the exchanges started and not yet finished, in the order started
 }
 
 // NewGroup wraps a connected transport.
@@ -145,4 +147,95 @@ func (g *Group) identOf(hash uint64) uint64 {
 func (g *Group) nextSeq() uint64 {
 	g.seq = (g.seq + 1) & seqMask
 	return g.seq
+}
+
+// unlist removes dc from the exchanges in flight (most often the last one
+// started, or the only one).
+func (g *Group) unlist(dc *dirCall) {
+	for i := len(g.inflight) - 1; i >= 0; i-- {
+		if g.inflight[i] == dc {
+			n := len(g.inflight) - 1
+			copy(g.inflight[i:], g.inflight[i+1:])
+			g.inflight[n] = nil
+			g.inflight = g.inflight[:n]
+			return
+		}
+	}
+}
+
+// quietBut says whether every exchange in flight on the group other than
+// self needs nothing more from this rank's wire: each is ready (every peer
+// ran the same instance, only its local completion is left) or has ended.
+// Then a blocking call may use the transport's own wait; otherwise it
+// polls, and progresses the others while it waits (block).
+func (g *Group) quietBut(self *dirCall) bool {
+	for _, dc := range g.inflight {
+		if dc != self && !dc.ready && dc.err == nil {
+			return false
+		}
+	}
+	return true
+}
+
+// progressOthers advances every exchange in flight but self without
+// blocking (Plan.progress): a peer blocked in one of them, in its agreement
+// above all, gets what it waits for from this rank even while this rank
+// waits for, or polls, another. What ends one of them is its own caller's
+// to hear; a failure of the wire is returned, since it ends every call.
+func (g *Group) progressOthers(self *dirCall) error {
+	for i := 0; i < len(g.inflight); i++ {
+		if dc := g.inflight[i]; dc != self {
+			dc.p.progress(dc)
+		}
+	}
+	return g.Err()
+}
+
+// block runs step until it reports done or an error, for a call that the
+// caller asked to block (a Wait, a blocking exchange, a plan's creation);
+// self is its exchange, if it is one. While step cannot go on, the other
+// exchanges in flight are progressed too: ranks that finish their exchanges
+// in different orders each answer the call their peer blocks in. When
+// nothing else needs this rank, it blocks in wait (the transport's wait on
+// what step waits for). The timeout counts from the last stage that moves
+// reports passed, like a wait per stage.
+func (g *Group) block(self *dirCall, step func() (bool, error), wait func(time.Duration) error, moves func() int) error {
+	var deadline time.Time
+	last := moves()
+	for spins := 0; ; spins++ {
+		if done, err := step(); done || err != nil {
+			return err
+		}
+		if g.quietBut(self) {
+			if err := wait(g.opts.Timeout); err != nil {
+				return err
+			}
+			continue
+		}
+		if err := g.progressOthers(self); err != nil {
+			return err
+		}
+		if m := moves(); m != last {
+			last, deadline, spins = m, time.Time{}, 0
+		}
+		switch now := time.Now(); {
+		case deadline.IsZero():
+			deadline = now.Add(g.opts.Timeout)
+		case now.After(deadline):
+			// The transport's wait, at once out of time, says what is
+			// still pending and cleans up as after any timeout.
+			if err := wait(time.Nanosecond); err != nil {
+				return err
+			}
+			deadline = time.Time{}
+		}
+		// Spinning ranks share the machine's CPUs with their peers (and
+		// tests run many ranks in one process): yield, and after a while
+		// sleep a little between polls.
+		if spins < 1000 {
+			runtime.Gosched()
+		} else {
+			time.Sleep(20 * time.Microsecond)
+		}
+	}
 }

@@ -113,8 +113,8 @@ func (g *Group) newPlan(specs []Spec) (*Plan, error) {
 		}
 		dc.ptrs = make([]unsafe.Pointer, per*len(specs))
 	}
-	p.fwd.d, p.fwd.what = DirForward, "forward"
-	p.bwd.d, p.bwd.what = DirBackward, "backward"
+	p.fwd.p, p.fwd.d, p.fwd.what = p, DirForward, "forward"
+	p.bwd.p, p.bwd.d, p.bwd.what = p, DirBackward, "backward"
 	return p, nil
 }
 
@@ -169,13 +169,22 @@ func (p *Plan) Close() error {
 	p.closed = true
 	var first error
 	for _, dc := range []*dirCall{&p.fwd, &p.bwd} {
-		if dc.inFlight {
+		// A call that has already ended (its caller has not heard) leaves
+		// nothing on the wire; one still going cuts its peers' short.
+		if dc.inFlight && dc.err == nil {
 			if dc.inst != nil {
 				dc.inst.release(dc.inst.sched(dc.d))
 			}
-			dc.inFlight = false
+			if dc.ag != nil {
+				dc.ag.close()
+				dc.ag = nil
+			}
 			first = p.g.fail(fmt.Errorf("%w: rank %d: plan %d was destroyed while a %s was in flight; the exchange was cancelled (wait for it before destroying the plan)",
 				ErrState, p.g.Rank(), p.id, dc.what))
+		}
+		if dc.inFlight {
+			dc.inFlight, dc.arrived, dc.ready, dc.err = false, false, false, nil
+			p.g.unlist(dc)
 		}
 		if dc.note != nil {
 			if err := dc.note.Close(); err != nil && first == nil {

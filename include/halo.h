@@ -407,19 +407,25 @@ halo_result_t halo_plan_halos_backward_start(halo_plan_t plan, const void *grad_
  * set to 1 (and the exchange finished) once its messages have all arrived,
  * else to 0. Communication advances only inside halo library calls: a
  * caller that computes between start and wait gains by testing now and then.
- * A test that finds the exchange's messages arrived from ranks that ran
- * another agreed layout (see halo_plan_create) agrees again and reruns the
- * exchange before it returns: that one call blocks, within the deadline.
+ * A test never blocks: where the exchange's messages came from ranks that
+ * ran another agreed layout (see halo_plan_create), it posts the agreement
+ * and reports not done, and later tests and waits of any exchange on the
+ * communicator carry it on and rerun the exchange. Waits and tests of the
+ * exchanges in flight on a communicator may come in any order, and in
+ * different orders on different ranks: a call that cannot go on progresses
+ * the others, so a peer blocked in one of them is never left waiting.
  */
 halo_result_t halo_plan_test(halo_plan_t plan, halo_direction_t direction, int *done);
 
 /**
  * @brief Finish the exchange of the direction, within the communicator's
- * timeout. Once the communicator has failed (an abort, a failed exchange),
- * this and halo_plan_test return HALO_ERR_COMM_FAILED, also after the call
- * that reported the failure. An exchange begun by halo_exchange_start
- * belongs to its request: halo_plan_wait and halo_plan_test refuse it with
- * HALO_ERR_INVALID_STATE (finish it with halo_request_wait or test).
+ * timeout, progressing the communicator's other exchanges in flight while it
+ * waits (see halo_plan_test). Once the communicator has failed (an abort, a
+ * failed exchange), this and halo_plan_test return HALO_ERR_COMM_FAILED, also
+ * after the call that reported the failure. An exchange begun by
+ * halo_exchange_start belongs to its request: halo_plan_wait and
+ * halo_plan_test refuse it with HALO_ERR_INVALID_STATE (finish it with
+ * halo_request_wait or test).
  */
 halo_result_t halo_plan_wait(halo_plan_t plan, halo_direction_t direction);
 

@@ -9,7 +9,15 @@
  *   test_plans creation  2 ranks create a plan that only rank 0 cannot make
  *                        (it needs staging buffers of 2^40 bytes, rank 1
  *                        none): both get the same result code naming rank
- *                        0, and the communicator stays usable. */
+ *                        0, and the communicator stays usable.
+ *   test_plans orders    2 ranks with two exchanges in flight whose shard
+ *                        lengths change, so both agree again inside their
+ *                        waits and tests: rank 0 waits the first and then
+ *                        the second, rank 1 polls the second's test until it
+ *                        is done and then waits the first (and on odd steps
+ *                        the same through halo_exchange_start's requests).
+ *                        Under a 2 s deadline every step must finish in well
+ *                        under it, with the right values. */
 #include "launch.h"
 
 #define W 3
@@ -103,22 +111,96 @@ static int rank_creation(int port) {
     return g_failures ? 1 : 0;
 }
 
+/* One layout of rank_orders: its halos, and each rank's length per step. */
+#define ORDER_STEPS 6
+static const int64_t order_halo[2][2] = {{2, 1}, {1, 1}};
+static const int64_t order_len[2][ORDER_STEPS][2] = {
+    {{3, 3}, {3, 5}, {0, 4}, {3, 1}, {3, 1}, {5, 5}},
+    {{2, 2}, {2, 3}, {4, 1}, {2, 2}, {2, 2}, {1, 0}},
+};
+
+static int rank_orders(int port) {
+    const int64_t timeout_ms = 2000;
+    halo_comm_t c = make_comm(port, timeout_ms);
+    halo_plan_t cache[2][MAXN + 1] = {{0}}; /* per layout, by this rank's own length */
+    for (int s = 0; s < ORDER_STEPS; s++) {
+        halo_plan_t plan[2];
+        double x[2][MAXN + 1], out[2][MAXN + 4];
+        int64_t n[2], off[2], total[2];
+        for (int k = 0; k < 2; k++) {
+            const int64_t *len = order_len[k][s];
+            n[k] = len[g_rank];
+            off[k] = g_rank ? len[0] : 0;
+            total[k] = len[0] + len[1];
+            if (!cache[k][n[k]]) {
+                int64_t shape[1] = {n[k]};
+                halo_plan_params_t p = HALO_PLAN_PARAMS_INITIALIZER;
+                p.dtype = HALO_FLOAT64;
+                p.ndim = 1;
+                p.shape = shape;
+                p.left = order_halo[k][0];
+                p.right = order_halo[k][1];
+                p.field_mask = HALO_PLAN_PARAM_DEFERRED;
+                HALO_OK(halo_plan_create(c, &p, &cache[k][n[k]]));
+            }
+            plan[k] = cache[k][n[k]];
+            for (int64_t i = 0; i < n[k]; i++) x[k][i] = (double)(off[k] + i + 1);
+        }
+        double t0 = now_s();
+        int requests = s % 2;
+        halo_request_t req[2] = {0};
+        for (int k = 0; k < 2; k++) {
+            if (requests) {
+                void *bufs[2] = {x[k], out[k]};
+                HALO_OK(halo_exchange_start(plan[k], HALO_DIR_FORWARD, bufs, 2, NULL, &req[k]));
+            } else {
+                HALO_OK(halo_plan_forward_start(plan[k], x[k], out[k]));
+            }
+        }
+        if (g_rank == 0) {
+            for (int k = 0; k < 2; k++) HALO_OK(requests ? halo_request_wait(req[k], NULL) : halo_plan_wait(plan[k], HALO_DIR_FORWARD));
+        } else {
+            int done = 0;
+            while (!done && now_s() - t0 < 5)
+                HALO_OK(requests ? halo_request_test(req[1], &done) : halo_plan_test(plan[1], HALO_DIR_FORWARD, &done));
+            CHECK(done, "step %d: the second exchange's test never reported done", s);
+            HALO_OK(requests ? halo_request_wait(req[0], NULL) : halo_plan_wait(plan[0], HALO_DIR_FORWARD));
+        }
+        CHECK(now_s() - t0 < timeout_ms / 2000.0, "step %d: the exchanges took %.1fs (a deadline)", s, now_s() - t0);
+        for (int k = 0; k < 2; k++) {
+            if (requests) HALO_OK(halo_request_free(req[k]));
+            int64_t Lk = order_halo[k][0], Rk = order_halo[k][1];
+            for (int64_t j = 0; j < Lk + n[k] + Rk; j++) {
+                int64_t g = off[k] - Lk + j;
+                double want = g >= 0 && g < total[k] ? (double)(g + 1) : 0.0;
+                CHECK(out[k][j] == want, "step %d layout %d: rank %d out[%lld] = %g, want %g", s, k, g_rank, (long long)j, out[k][j], want);
+            }
+        }
+    }
+    for (int k = 0; k < 2; k++)
+        for (int n = 0; n <= MAXN; n++)
+            if (cache[k][n]) HALO_OK(halo_plan_destroy(cache[k][n]));
+    HALO_OK(halo_comm_destroy(c));
+    return g_failures ? 1 : 0;
+}
+
 int main(int argc, char **argv) {
     int port = 0;
     setvbuf(stdout, NULL, _IOLBF, 0);
     const char *mode = argc > 1 ? argv[1] : "steps";
     if (rank_args(argc, argv, &port)) {
         if (has_flag(argc, argv, "creation")) return rank_creation(port);
+        if (has_flag(argc, argv, "orders")) return rank_orders(port);
         return rank_steps(port);
     }
     char *extra[1] = {(char *)mode};
     int bad;
     if (!strcmp(mode, "steps"))
         bad = launch(argv[0], W, 120, NULL, 1, extra);
-    else if (!strcmp(mode, "creation"))
+    else if (!strcmp(mode, "creation") || !strcmp(mode, "orders"))
         bad = launch(argv[0], 2, 120, NULL, 1, extra);
     else {
-        fprintf(stderr, "usage: %s steps|creation\n", argv[0]);
+        fprintf(stderr, "usage: %s steps|creation|orders\n", argv[0]);
         return 2;
     }
     printf("test_plans %s: %s\n", mode, bad ? "FAILED" : "passed");

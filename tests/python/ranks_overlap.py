@@ -1,5 +1,6 @@
-"""One rank of the tests of halocp's asynchronous and halos-only exchanges,
-its fused nn layers and abort; tests/python/test_overlap.py starts W of them
+"""One rank of the tests of halocp's asynchronous and halos-only exchanges
+(finished in any order), its fused nn layers and abort;
+tests/python/test_overlap.py starts W of them
 (the helpers and the oracle are ranks.py's).
 
     ranks_overlap.py SCENARIO...
@@ -300,6 +301,56 @@ def scenario_layers():
     layer = halocp.nn.CausalConv3d(4, 6, 3)
     raises(lambda: layer(torch.randn(2, 5, 4, 3, 3)), halocp.ERR_INVALID_ARGUMENT, "wrong number of channels")
     raises(lambda: layer(torch.randn(4, 3, 3)), halocp.ERR_INVALID_ARGUMENT, "a 3-d input")
+
+
+# ---------------------------------------------------------------- orders
+
+
+def scenario_orders(steps=18):
+    """Two exchanges in flight whose shard lengths change from step to step
+    (each rank finds or makes its plans by its own shape, so ranks agree
+    again inside the exchanges), finished in orders that differ between the
+    ranks or by a test() on the second first: every one finishes, bit for
+    bit, well before the deadline (HALO_TIMEOUT_MS, short in this test)."""
+    R, W = ranks.RANK, ranks.WORLD
+    cfg = random.Random(4242 + W)  # the same on every rank
+    gen = torch.Generator().manual_seed(7 + R)
+    for step in range(steps):
+        la = [cfg.randint(1, 5) for _ in range(W)]
+        lb = [cfg.randint(0, 4) for _ in range(W)]
+        if not any(lb):
+            lb[0] = 2
+        a = random_values((2, la[R], 3), torch.float32, gen)
+        b = random_values((3, lb[R]), torch.float64, gen)
+        want_a = oracle_forward(gather(a), R, 2, 1, 1)
+        want_b = oracle_forward(gather(b), R, 1, 2, 1)
+        variant = step % 3
+        what = f"step {step} (variant {variant}): lengths {la} and {lb}"
+        t0 = time.monotonic()
+        h1 = halocp.cp_halo_exchange_start(a, 2, 1, 1)
+        h2 = halocp.cp_halo_exchange_start(b, 1, 2, 1)
+        if variant == 0:
+            # The issue's sequence, on every rank.
+            h2.test()
+            y1, y2 = h1.wait(), h2.wait()
+        elif variant == 1:
+            # Waits in opposite orders on even and odd ranks.
+            if R % 2 == 0:
+                y1, y2 = h1.wait(), h2.wait()
+            else:
+                y2, y1 = h2.wait(), h1.wait()
+        else:
+            # Rank 0 polls the second until it is done; the others wait the first.
+            if R == 0:
+                while not h2.test():
+                    expect(time.monotonic() - t0 < 10, f"{what}: test() never reported the second finished")
+                y2, y1 = h2.wait(), h1.wait()
+            else:
+                y1, y2 = h1.wait(), h2.wait()
+        took = time.monotonic() - t0
+        expect_bits(y1, want_a, f"{what}: the first exchange")
+        expect_bits(y2, want_b, f"{what}: the second exchange")
+        expect(took < 2.0, f"{what}: took {took:.2f} s (a rank waited for a deadline)")
 
 
 # ---------------------------------------------------------------- abort

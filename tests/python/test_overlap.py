@@ -1,5 +1,5 @@
-"""halocp's asynchronous and halos-only exchanges, the fused nn layers and
-abort, over gloo process groups of 2, 3 and 4 local processes
+"""halocp's asynchronous and halos-only exchanges (finished in any order),
+the fused nn layers and abort, over gloo process groups of 2, 3 and 4 local processes
 (tests/python/ranks_overlap.py holds the checks each rank runs).
 
     python3 -m pytest -p no:cacheprovider tests/python/test_overlap.py
@@ -30,6 +30,16 @@ def ranks(request):
 def test_ranks(ranks, scenario):
     """Every rank reports the scenario ok (the first failure ends a rank)."""
     expect_scenario(ranks, scenario)
+
+
+@pytest.mark.parametrize("world", [2, 3], ids=lambda w: f"W{w}")
+def test_orders(world):
+    """Two exchanges in flight that agree again, finished in any order
+    (ranks_overlap.py's scenario_orders); a short deadline, so that a rank
+    blocked in one's agreement while its peer blocks in the other's fails
+    in seconds."""
+    expect_scenario(launch(HERE / "ranks_overlap.py", world, ["orders"], timeout=60,
+                           env={"HALO_TIMEOUT_MS": "3000"}), "orders")
 
 
 def test_layers_without_distributed():
