@@ -232,6 +232,22 @@ def scenario_mismatch():
     _same(halocp.nn.CausalConv3d(2, 2, 3, stride=(2, 1, 1)), torch.randn(1, 2, 4, 3, 3), what="after the mismatch")
 
 
+def scenario_norm_mismatch():
+    """Compiled GroupNorms that disagree (num_groups, batch, channels, eps,
+    affine, the frame, the input's gradient) all raise the eager path's
+    HaloError(ERR_MISMATCH), the same on every rank, with no abort inside
+    the collective; an agreeing compiled GroupNorm after them is one graph
+    with the eager results."""
+    from ranks_vae import check_norm_mismatch, norm_mismatch_cases
+
+    for what, layer, x in norm_mismatch_cases():
+        torch._dynamo.reset()
+        compiled = torch.compile(layer, backend="aot_eager", fullgraph=True)
+        check_norm_mismatch(what, lambda: compiled(x))
+    torch.manual_seed(37)
+    _same(halocp.nn.GroupNorm(2, 4), torch.randn(2, 4, 2 + ranks.RANK, 3, 3), what="GroupNorm after the mismatches")
+
+
 def scenario_transpose():
     """ConvTranspose3d over uneven shards (rank 0's empty), behind a strided
     CausalConv3d whose output count is data to the graph; cp_halo_sum bit

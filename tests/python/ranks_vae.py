@@ -179,6 +179,97 @@ def scenario_groupnorm():
     ranks.raises(lambda: layer(torch.zeros(2, 4, 3, 3)), halocp.ERR_INVALID_ARGUMENT, "a GroupNorm of the wrong C")
 
 
+# Each disagreement a GroupNorm can meet, on the last rank: (what, the
+# layer's arguments there and on the others, the input's shape there and on
+# the others, whether the input needs a gradient there and on the others).
+# The last num_groups case needs more numbers than the statistics' first
+# message holds (64 groups on the odd rank): it must fail as cleanly.
+NORM_MISMATCHES = [
+    ("num_groups", (dict(num_groups=4, num_channels=4), dict(num_groups=2, num_channels=4)), ((1, 4, 2, 3, 3),) * 2),
+    ("batch", (dict(num_groups=2, num_channels=4),) * 2, ((2, 4, 2, 3, 3), (1, 4, 2, 3, 3))),
+    ("channels", (dict(num_groups=2, num_channels=6), dict(num_groups=2, num_channels=4)),
+     ((1, 6, 2, 3, 3), (1, 4, 2, 3, 3))),
+    ("eps", (dict(num_groups=2, num_channels=4, eps=1e-3), dict(num_groups=2, num_channels=4)), ((1, 4, 2, 3, 3),) * 2),
+    ("affine", (dict(num_groups=2, num_channels=4, affine=False), dict(num_groups=2, num_channels=4)),
+     ((1, 4, 2, 3, 3),) * 2),
+    ("frame", (dict(num_groups=2, num_channels=4),) * 2, ((1, 4, 2, 3, 4), (1, 4, 2, 4, 3))),
+    ("input grad", (dict(num_groups=2, num_channels=4),) * 2, ((1, 4, 2, 3, 3),) * 2),
+    ("num_groups", (dict(num_groups=64, num_channels=64), dict(num_groups=32, num_channels=64)),
+     ((1, 64, 2, 2, 2),) * 2),
+]
+
+# What each rank's part of the message says: the field's value on the last
+# rank, then on the others.
+NORM_SAID = {"num_groups": ("num_groups 4", "num_groups 2"), "batch": ("batch 2", "batch 1"),
+             "channels": ("channels 6", "channels 4"), "eps": ("eps 0.001", "eps 1e-05"),
+             "affine": ("affine False", "affine True"), "frame": ("frame 3x4", "frame 4x3"),
+             "input grad": ("input grad False", "input grad True")}
+
+
+def norm_mismatch_cases():
+    """(what, layer, x) of each disagreement, as this rank holds it."""
+    odd = ranks.RANK == ranks.WORLD - 1
+    for what, layer_args, shapes in NORM_MISMATCHES:
+        x = torch.randn(shapes[0] if odd else shapes[1])
+        x.requires_grad_(not (odd and what == "input grad"))
+        yield what, halocp.nn.GroupNorm(**layer_args[0 if odd else 1]), x
+
+
+def check_norm_mismatch(what, call):
+    """call raises the same HaloError(ERR_MISMATCH) on every rank, at once,
+    naming the last rank, the field and both values."""
+    msg = ranks.raises(call, halocp.ERR_MISMATCH, f"GroupNorms whose {what} differs")
+    said = [None] * ranks.WORLD
+    dist.all_gather_object(said, msg)
+    expect(all(m == msg for m in said), f"{what}: the ranks' messages differ: {said}")
+    odd, rest = NORM_SAID.get(what, ("num_groups 64", "num_groups 32"))
+    expect(f"rank {ranks.WORLD - 1}: {odd}" in msg and f"rank 0: {rest}" in msg, f"{what}: the message: {msg}")
+    for r in range(1, ranks.WORLD - 1):  # ranks that agree with rank 0 are not named
+        expect(f"rank {r}:" not in msg, f"{what}: the message names rank {r}, which agrees: {msg}")
+    return msg
+
+
+def check_norm_after(what):
+    """An agreeing GroupNorm after a disagreement: torch's results, one
+    collective each way."""
+    lengths = splits()[0]
+    torch.manual_seed(250)
+    layer, full = halocp.nn.GroupNorm(2, 4), torch.nn.GroupNorm(2, 4)
+    xg = torch.randn(1, 4, sum(lengths), 3, 3, requires_grad=True)
+    yg = full(xg)
+    yg.backward(torch.ones_like(yg))
+    x = shard(xg.detach(), lengths).clone().requires_grad_()
+    y = layer(x)
+    y.backward(torch.ones_like(y))
+    close(y, shard(yg.detach(), lengths), 2e-5, f"GroupNorm after the {what} mismatch: output")
+    close(x.grad, shard(xg.grad, lengths), 2e-5, f"GroupNorm after the {what} mismatch: input grad")
+
+
+def scenario_norm_mismatch():
+    """Ranks whose GroupNorms disagree (num_groups, batch, channels, eps,
+    affine, the frame's shape, whether the input needs a gradient) all raise
+    the same HaloError(ERR_MISMATCH) naming the rank and the values that
+    differ: no abort inside the collective, no hang, no silent wrong result;
+    the group works after each. Then a layer whose statistics outgrow the
+    first message: one more message on its first call only."""
+    if ranks.WORLD == 1:
+        return
+    for what, layer, x in norm_mismatch_cases():
+        check_norm_mismatch(what, lambda: layer(x))
+        check_norm_after(what)
+    torch.manual_seed(260)
+    lengths = splits()[0]
+    layer, full = halocp.nn.GroupNorm(64, 128), torch.nn.GroupNorm(64, 128)
+    xg = torch.randn(3, 128, sum(lengths), 2, 2)
+    x = shard(xg, lengths)
+    for call in range(2):
+        with _LargestAllocation() as seen:
+            y = layer(x)
+        want = ["allgather_", "allgather_"] if call == 0 else ["allgather_"]
+        expect(seen.collectives == want, f"GroupNorm(64) of 3 samples, call {call}: collectives {seen.collectives}")
+        close(y, shard(full(xg).detach(), lengths), 2e-5, f"GroupNorm(64) of 3 samples, call {call}")
+
+
 # ----------------------------------------------------------- ConvTranspose3d
 
 # (kernel, stride, padding, output_padding, dilation, groups): temporal

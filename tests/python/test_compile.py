@@ -15,7 +15,7 @@ from launcher import expect_scenario, launch
 
 HERE = Path(__file__).resolve().parent
 SCENARIOS = ["default_group", "new_group", "exchanges_bits", "layers", "strided", "no_output", "tiled",
-             "tile_exchange", "mismatch", "transpose", "inductor"]
+             "tile_exchange", "mismatch", "norm_mismatch", "transpose", "inductor"]
 
 
 @pytest.fixture(scope="module")
