@@ -103,7 +103,8 @@ def _header_tensor(header, eps, device):
 def _said(header):
     """A header as the mismatch message spells it."""
     values = [str(v) for v in header[:len(_FIELDS)]]
-    values[_EPS] = repr(struct.unpack("<d", struct.pack("<q", header[_EPS]))[0])  # repr: exact, so bits compare
+    eps = struct.unpack("<d", struct.pack("<q", header[_EPS]))[0]
+    values[_EPS] = repr(eps) if eps == eps else f"nan {header[_EPS]:#x}"  # repr is exact: bits that differ show
     for i in (_FIELDS.index("affine"), _FIELDS.index("input grad")):
         values[i] = str(bool(header[i]))
     frame = [v for v in header[len(_FIELDS):] if v >= 0]
