@@ -229,6 +229,11 @@ def scenario_mismatch():
                           fullgraph=True)
     msg = ranks.raises(lambda: tconv(x), halocp.ERR_MISMATCH, "compiled ConvTranspose3d strides")
     expect(f"rank {ranks.WORLD - 1}: kernel 3, stride 2" in msg, f"the message: {msg}")
+    groups = 2 if ranks.RANK == ranks.WORLD - 1 else 1
+    tconv = torch.compile(halocp.nn.ConvTranspose3d(2, 2, 3, stride=(2, 1, 1), groups=groups), backend="aot_eager",
+                          fullgraph=True)
+    msg = ranks.raises(lambda: tconv(x), halocp.ERR_MISMATCH, "compiled ConvTranspose3d groups")
+    expect(f"rank {ranks.WORLD - 1}: " in msg and "groups 2" in msg, f"the message: {msg}")
     _same(halocp.nn.CausalConv3d(2, 2, 3, stride=(2, 1, 1)), torch.randn(1, 2, 4, 3, 3), what="after the mismatch")
 
 

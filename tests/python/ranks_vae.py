@@ -329,6 +329,16 @@ def scenario_transpose():
         layer = halocp.nn.ConvTranspose3d(2, 2, 3, stride=2 + (ranks.RANK == ranks.WORLD - 1))
         msg = ranks.raises(lambda: layer(torch.randn(1, 2, 2, 3, 3)), halocp.ERR_MISMATCH, "strides that differ")
         expect(f"rank {ranks.WORLD - 1}: kernel 3, stride 3" in msg, f"the message: {msg}")
+        # What the boundary frames a rank sends were computed with, though the
+        # output's shape is the same: groups, the spatial arguments.
+        odd = ranks.RANK == ranks.WORLD - 1
+        for what, kw, said in (("groups", dict(groups=2 if odd else 1), "groups 2"),
+                               ("spatial kernels", dict(kernel_size=(3, 3, 3) if odd else (3, 1, 1),
+                                                        padding=(1, 1, 1) if odd else (1, 0, 0)), "kernel h 3")):
+            layer = halocp.nn.ConvTranspose3d(4, 4, kw.pop("kernel_size", 3), stride=2, **dict(dict(padding=1), **kw))
+            msg = ranks.raises(lambda: layer(torch.randn(1, 4, 3, 4, 4)), halocp.ERR_MISMATCH,
+                               f"ConvTranspose3d {what} that differ")
+            expect(f"rank {ranks.WORLD - 1}: " in msg and said in msg, f"{what}: the message: {msg}")
 
 
 def scenario_subgroups():
