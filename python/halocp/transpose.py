@@ -38,6 +38,12 @@ __all__ = ["ConvTranspose3d"]
 # The shard table's columns: the length, then what every rank must agree on.
 _AGREED = {1: "kernel", 2: "stride", 3: "padding", 4: "output_padding", 5: "dilation", 6: "in_channels",
            7: "out_channels"}
+# Then what a rank's boundary frames are computed with, which the summing
+# exchange cannot tell when the output's shape comes out the same: named
+# in a mismatch's message where they differ.
+_COMPUTED = {8 + i: name for i, name in enumerate(
+    ["groups"] + [f"{arg} {d}" for arg in ("kernel", "stride", "padding", "output_padding", "dilation")
+                  for d in "hw"])}
 
 
 class ConvTranspose3d(torch.nn.ConvTranspose3d):
@@ -54,9 +60,9 @@ class ConvTranspose3d(torch.nn.ConvTranspose3d):
     ``[a*s, (a+n)*s)`` of it (a: the frames before its shard, n: its
     length, s: the temporal stride), the last rank's runs to the end. Each
     call exchanges one small row per rank (the shard lengths, and the
-    layer's temporal arguments: ranks that disagree all raise
-    ``HaloError(ERR_MISMATCH)``), then one summing exchange of the boundary
-    frames. Only ``padding_mode="zeros"`` (torch's only one).
+    layer's arguments, groups and spatial ones included: ranks that disagree
+    all raise ``HaloError(ERR_MISMATCH)``), then one summing exchange of the
+    boundary frames. Only ``padding_mode="zeros"`` (torch's only one).
     """
 
     def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, output_padding=0, groups=1,
@@ -97,7 +103,9 @@ def _halos(k, s, p, d):
 
 def _sharded_conv_transpose(layer, x):
     row = [x.shape[2], layer.kernel_size[0], layer.stride[0], layer.padding[0], layer.output_padding[0],
-           layer.dilation[0], layer.in_channels, layer.out_channels]
+           layer.dilation[0], layer.in_channels, layer.out_channels, layer.groups]
+    for arg in (layer.kernel_size, layer.stride, layer.padding, layer.output_padding, layer.dilation):
+        row += arg[1:]
     # No temporal padding or output padding: the crop at the ends is the exchange's.
     conv = [list(layer.stride), [0] + list(layer.padding[1:]), [0] + list(layer.output_padding[1:]), layer.groups,
             list(layer.dilation)]
@@ -135,7 +143,8 @@ def _span(row, group, device):
     n, k, s, p, op, d = row[:6]
     world, rank = world_and_rank(group)
     table = shard_table(row, group, device)
-    bad = disagreement(table, _AGREED)
+    computed = {i: name for i, name in _COMPUTED.items() if any(r[i] != table[0][i] for r in table)}
+    bad = disagreement(table, {**_AGREED, **computed})
     if bad:
         raise HaloError(_lib.ERR_MISMATCH,
                         f"halocp.nn: ConvTranspose3d: the ranks of the group disagree on the layer ({bad})")
