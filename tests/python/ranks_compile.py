@@ -241,14 +241,18 @@ def scenario_norm_mismatch():
     """Compiled GroupNorms that disagree (num_groups, batch, channels, eps,
     affine, the frame, the input's gradient) all raise the eager path's
     HaloError(ERR_MISMATCH), the same on every rank, with no abort inside
-    the collective; an agreeing compiled GroupNorm after them is one graph
+    the collective (an input one rank refuses: ERR_INVALID_ARGUMENT); an agreeing compiled GroupNorm after them is one graph
     with the eager results."""
-    from ranks_vae import check_norm_mismatch, norm_mismatch_cases
+    from ranks_vae import check_norm_mismatch, check_norm_refused, norm_mismatch_cases, norm_refused_cases
 
     for what, layer, x in norm_mismatch_cases():
         torch._dynamo.reset()
         compiled = torch.compile(layer, backend="aot_eager", fullgraph=True)
         check_norm_mismatch(what, lambda: compiled(x))
+    for what, said, layer, x in norm_refused_cases():
+        torch._dynamo.reset()
+        compiled = torch.compile(layer, backend="aot_eager", fullgraph=True)
+        check_norm_refused(what, said, lambda: compiled(x))
     torch.manual_seed(37)
     _same(halocp.nn.GroupNorm(2, 4), torch.randn(2, 4, 2 + ranks.RANK, 3, 3), what="GroupNorm after the mismatches")
 

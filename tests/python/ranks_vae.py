@@ -211,6 +211,28 @@ NORM_SAID = {"num_groups": ("num_groups 4", "num_groups 2"), "batch": ("batch 2"
              "num_groups, 64 of them": ("num_groups 64", "num_groups 32")}
 
 
+# An input that one rank's layer refuses (its C is not the layer's, too
+# few dims for the sharded one): every rank raises the same
+# ERR_INVALID_ARGUMENT naming it, rather than the others waiting for it in
+# the collective. (what, the input's shape there and on the others, said.)
+NORM_REFUSED = [("input channels", (1, 6, 2, 3, 3), (1, 4, 2, 3, 3), "channels 6, num_channels 4"),
+                ("input dims", (1, 4), (1, 4, 2, 3, 3), "dims 2")]
+
+
+def norm_refused_cases():
+    odd = ranks.RANK == ranks.WORLD - 1
+    for what, there, here, said in NORM_REFUSED:
+        yield what, said, halocp.nn.GroupNorm(2, 4), torch.randn(there if odd else here)
+
+
+def check_norm_refused(what, said, call):
+    msg = ranks.raises(call, halocp.ERR_INVALID_ARGUMENT, f"a GroupNorm whose {what} one rank refuses")
+    every = [None] * ranks.WORLD
+    dist.all_gather_object(every, msg)
+    expect(all(m == msg for m in every), f"{what}: the ranks' messages differ: {every}")
+    expect(f"rank {ranks.WORLD - 1}: " in msg and said in msg and "rank 0:" not in msg, f"{what}: the message: {msg}")
+
+
 def norm_mismatch_cases():
     """(what, layer, x) of each disagreement, as this rank holds it."""
     odd = ranks.RANK == ranks.WORLD - 1
@@ -255,12 +277,16 @@ def scenario_norm_mismatch():
     affine, the frame's shape, whether the input needs a gradient) all raise
     the same HaloError(ERR_MISMATCH) naming the rank and the values that
     differ: no abort inside the collective, no hang, no silent wrong result;
-    the group works after each. Then a layer whose statistics outgrow the
+    an input one rank refuses is ERR_INVALID_ARGUMENT on every rank; the
+    group works after each. Then a layer whose statistics outgrow the
     first message: one more message on its first call only."""
     if ranks.WORLD == 1:
         return
     for what, layer, x in norm_mismatch_cases():
         check_norm_mismatch(what, lambda: layer(x))
+        check_norm_after(what)
+    for what, said, layer, x in norm_refused_cases():
+        check_norm_refused(what, said, lambda: layer(x))
         check_norm_after(what)
     torch.manual_seed(260)
     lengths = splits()[0]
