@@ -70,10 +70,11 @@ def _broadcast(t, ndim):
 # The header's fields, in its order ("frame": the sizes of the dims after C
 # but the sharded one, up to three, the third holding the product of any
 # more; -1 where there is none).
-_FIELDS = ("batch", "num_groups", "channels", "eps", "affine", "input grad", "dims", "sharded dim")
+_FIELDS = ("batch", "num_groups", "channels", "num_channels", "eps", "affine", "input grad", "dims", "sharded dim")
 _FRAME = 3
 _HEADER = len(_FIELDS) + _FRAME
-_EPS = _FIELDS.index("eps")
+_EPS, _CHANNELS, _NUM_CHANNELS, _DIMS, _DIM = (_FIELDS.index(f) for f in
+                                                ("eps", "channels", "num_channels", "dims", "sharded dim"))
 
 # Statistics the first message has room for, by process group; alike on
 # every rank (see the module's notes). One sample of GroupNorm(32, C) to begin.
@@ -81,14 +82,23 @@ _FIRST_CAPACITY = 3 * 32
 _capacity: dict = {}
 
 
-def _header(x, groups, eps=0.0, affine=False, grad=False, dim=2):
+def _header(x, groups, num_channels=None, affine=False, grad=False, dim=2):
     """What the ranks must agree on, as the ints the header carries (eps
-    apart: the message takes its bits, see _gather)."""
-    frame = [x.shape[d] for d in range(2, x.dim()) if d != dim]
+    apart: the message takes its bits, see _gather); also for an input the
+    layer refuses (then "dims" or "channels" says why, see _refused)."""
+    shape = tuple(x.shape) if isinstance(x, torch.Tensor) else ()
+    batch, channels = (shape + (0, 0))[:2]
+    frame = [shape[d] for d in range(2, len(shape)) if d != dim]
     if len(frame) > _FRAME:
         frame[_FRAME - 1:] = [math.prod(frame[_FRAME - 1:])]
     frame += [-1] * (_FRAME - len(frame))
-    return [x.shape[0], groups, x.shape[1], 0, int(affine), int(grad), x.dim(), dim] + frame
+    num_channels = channels if num_channels is None else num_channels
+    return [batch, groups, channels, num_channels, 0, int(affine), int(grad), len(shape), dim] + frame
+
+
+def _refused(header):
+    """Whether a header is that of an input the layer refuses."""
+    return header[_DIMS] <= header[_DIM] or header[_CHANNELS] != header[_NUM_CHANNELS]
 
 
 @functools.lru_cache(maxsize=256)
@@ -130,6 +140,13 @@ def _gather(mine, header, eps, group):
     headers = out[:, :_HEADER].view(torch.int64).tolist()  # one small copy to the host
     # Every rank computes the next capacity from the same headers.
     _capacity[key] = max([capacity] + [3 * h[0] * h[1] for h in headers])
+    refused = [r for r, h in enumerate(headers) if _refused(h)]
+    if refused:
+        said = "; ".join(f"rank {r}: " + ("not a tensor" if headers[r][_DIMS] == 0 else
+                                          ", ".join(f"{_FIELDS[i]} {headers[r][i]}" for i in (_CHANNELS, _NUM_CHANNELS, _DIMS, _DIM)))
+                         for r in refused)
+        raise HaloError(_lib.ERR_INVALID_ARGUMENT, "halocp.nn: GroupNorm wants (N, C, ...) input with C = num_channels "
+                                                   f"and the sharded dim, not on every rank ({said})")
     if any(h != headers[0] for h in headers):
         table = [_said(h) for h in headers]
         names = _FIELDS + ("frame",)
@@ -147,6 +164,14 @@ def _gather(mine, header, eps, group):
 @functools.lru_cache(maxsize=64)
 def _zeros(n, device):
     return torch.zeros(n, dtype=torch.float64, device=device)
+
+
+def _statistics(mine, header, eps, group):
+    """_gather's, or under torch.compile its op's: the headers are read on the
+    host, which a traced graph cannot do (_ops.py)."""
+    if is_compiling():
+        return torch.ops.halocp.norm_statistics(mine, header, eps, _token(group))
+    return _gather(mine, header, eps, group)
 
 
 def _global_statistics(x, groups, group, header=None, eps=0.0):
@@ -173,12 +198,7 @@ def _global_statistics(x, groups, group, header=None, eps=0.0):
     world, _ = world_and_rank(group)
     if world == 1:
         return mine[1], mine[2], mine[0]
-    if header is None:
-        header = _header(x, groups)
-    if is_compiling():  # an op: the header is read on the host, which a traced graph cannot do (_ops.py)
-        every = torch.ops.halocp.norm_statistics(mine, header, eps, _token(group))
-    else:
-        every = _gather(mine, header, eps, group)
+    every = _statistics(mine, _header(x, groups) if header is None else header, eps, group)
     n, mean, m2 = every[0]
     for other in every[1:]:  # Chan et al.'s pairwise update, in rank order
         n_b, mean_b, m2_b = other
@@ -273,17 +293,26 @@ class GroupNorm(torch.nn.GroupNorm):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         world, rank = world_and_rank(self.group)
-        if not isinstance(x, torch.Tensor) or x.dim() <= self.dim or x.shape[1] != self.num_channels:
-            what = f"shape {tuple(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__
-            raise HaloError(_lib.ERR_INVALID_ARGUMENT,
-                            f"halocp.nn: GroupNorm on rank {rank} wants (N, C, ...) input with C = "
-                            f"{self.num_channels} and a dim {self.dim} (the sharded one), not {what}")
-        if world == 1:
-            return F.group_norm(x, self.num_groups, self.weight, self.bias, self.eps)
+        tensor = isinstance(x, torch.Tensor)
         # Whether x needs a gradient is agreed too: a rank that does runs the
         # backward's all_reduce, which a rank that does not would never join.
-        header = _header(x, self.num_groups, affine=self.affine, grad=x.requires_grad and torch.is_grad_enabled(),
-                         dim=self.dim)
+        header = _header(x, self.num_groups, self.num_channels, self.affine,
+                         tensor and x.requires_grad and torch.is_grad_enabled(), self.dim)
+        if _refused(header):
+            if world == 1:
+                what = f"shape {tuple(x.shape)}" if tensor else type(x).__name__
+                raise HaloError(_lib.ERR_INVALID_ARGUMENT,
+                                f"halocp.nn: GroupNorm on rank {rank} wants (N, C, ...) input with C = "
+                                f"{self.num_channels} and a dim {self.dim} (the sharded one), not {what}")
+            # The other ranks may be in the statistics' all_gather already:
+            # join it with this header, so that every rank raises alike (it
+            # raises, here too; returned, under compile, so that the op stays
+            # in the graph).
+            device = x.device if tensor else (self.weight.device if self.weight is not None else "cpu")
+            return _statistics(torch.zeros(3, header[0], self.num_groups, dtype=torch.float64, device=device),
+                               header, self.eps, self.group)
+        if world == 1:
+            return F.group_norm(x, self.num_groups, self.weight, self.bias, self.eps)
         return _GroupNorm.apply(x, self.weight, self.bias, self.num_groups, self.eps, self.group, header)
 
     def extra_repr(self) -> str:
