@@ -365,6 +365,16 @@ def scenario_transpose():
             msg = ranks.raises(lambda: layer(torch.randn(1, 4, 3, 4, 4)), halocp.ERR_MISMATCH,
                                f"ConvTranspose3d {what} that differ")
             expect(f"rank {ranks.WORLD - 1}: " in msg and said in msg, f"{what}: the message: {msg}")
+        # An input one rank refuses: every rank says so, the same words (the
+        # others would otherwise wait for it in the shard table's collective).
+        layer = halocp.nn.ConvTranspose3d(2, 2, 3, stride=2, padding=1)
+        x = torch.randn(1, 3 if odd else 2, 3, 4, 4)
+        msg = ranks.raises(lambda: layer(x), halocp.ERR_INVALID_ARGUMENT, "a ConvTranspose3d input one rank refuses")
+        every = [None] * ranks.WORLD
+        dist.all_gather_object(every, msg)
+        expect(all(m == msg for m in every), f"ConvTranspose3d's refusal: the ranks' messages differ: {every}")
+        expect(f"rank {ranks.WORLD - 1}: " in msg and "in_channels 3" in msg and "rank 0:" not in msg,
+               f"ConvTranspose3d's refusal: the message: {msg}")
 
 
 def scenario_subgroups():
