@@ -234,6 +234,10 @@ def scenario_mismatch():
                           fullgraph=True)
     msg = ranks.raises(lambda: tconv(x), halocp.ERR_MISMATCH, "compiled ConvTranspose3d groups")
     expect(f"rank {ranks.WORLD - 1}: " in msg and "groups 2" in msg, f"the message: {msg}")
+    tconv = torch.compile(halocp.nn.ConvTranspose3d(2, 2, 3, stride=(2, 1, 1)), backend="aot_eager", fullgraph=True)
+    bad = torch.randn(1, 3, 4, 3, 3) if ranks.RANK == ranks.WORLD - 1 else x
+    msg = ranks.raises(lambda: tconv(bad), halocp.ERR_INVALID_ARGUMENT, "a compiled ConvTranspose3d input one rank refuses")
+    expect(f"rank {ranks.WORLD - 1}: dims 5, C 3" in msg, f"the message: {msg}")
     _same(halocp.nn.CausalConv3d(2, 2, 3, stride=(2, 1, 1)), torch.randn(1, 2, 4, 3, 3), what="after the mismatch")
 
 
