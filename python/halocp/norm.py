@@ -142,8 +142,9 @@ def _gather(mine, header, eps, group):
     _capacity[key] = max([capacity] + [3 * h[0] * h[1] for h in headers])
     refused = [r for r, h in enumerate(headers) if _refused(h)]
     if refused:
+        why = (_CHANNELS, _NUM_CHANNELS, _DIMS, _DIM)
         said = "; ".join(f"rank {r}: " + ("not a tensor" if headers[r][_DIMS] == 0 else
-                                          ", ".join(f"{_FIELDS[i]} {headers[r][i]}" for i in (_CHANNELS, _NUM_CHANNELS, _DIMS, _DIM)))
+                                          ", ".join(f"{_FIELDS[i]} {headers[r][i]}" for i in why))
                          for r in refused)
         raise HaloError(_lib.ERR_INVALID_ARGUMENT, "halocp.nn: GroupNorm wants (N, C, ...) input with C = num_channels "
                                                    f"and the sharded dim, not on every rank ({said})")
