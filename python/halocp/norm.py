@@ -39,6 +39,7 @@ from __future__ import annotations
 import functools
 import math
 import struct
+import weakref
 
 import torch
 import torch.distributed as dist
@@ -79,7 +80,7 @@ _EPS, _CHANNELS, _NUM_CHANNELS, _DIMS, _DIM = (_FIELDS.index(f) for f in
 # Statistics the first message has room for, by process group; alike on
 # every rank (see the module's notes). One sample of GroupNorm(32, C) to begin.
 _FIRST_CAPACITY = 3 * 32
-_capacity: dict = {}
+_capacity = weakref.WeakKeyDictionary()  # (a destroyed group's goes with it)
 
 
 def _header(x, groups, num_channels=None, affine=False, grad=False, dim=2):
