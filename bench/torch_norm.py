@@ -42,7 +42,7 @@ def main() -> int:
     b = torch.randn(args.shape[1], dtype=dtype, requires_grad=True)
     g = torch.randn(args.shape, dtype=dtype)
     variants = {"torch": lambda: F.group_norm(x, args.groups, w, b, 1e-5),
-                "halocp": lambda: _GroupNorm.apply(x, w, b, args.groups, 1e-5, None)}
+                "halocp": lambda: _GroupNorm.apply(x, w, b, args.groups, 1e-5, None, None)}
 
     def forward(fn):
         with torch.no_grad():

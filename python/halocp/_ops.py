@@ -29,7 +29,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from . import exchange, halo_sum, nn, transpose
+from . import exchange, halo_sum, nn, norm, transpose
 from ._comm import token_group
 from ._layout import Like as _Like, dim_order, empty_in_order, in_strides, padded_shape, resized, strides_in_order
 
@@ -294,3 +294,20 @@ def _sum_grad(ctx, grad):
 
 
 _exchange_backward_op.register_autograd(_sum_grad, setup_context=_save_sum)
+
+
+# ------------------------------------------------- halocp.nn.GroupNorm's path
+# The statistics' all_gather with the ranks' headers, which are read and
+# checked on the host (norm._gather): an op, as the graph cannot raise on
+# what the ranks sent. Its gradient is never needed: the layer's backward
+# is the autograd Function's, which takes none through the statistics.
+
+
+@torch.library.custom_op("halocp::norm_statistics", mutates_args=())
+def _norm_statistics_op(mine: Tensor, header: list[int], eps: float, group: str) -> Tensor:
+    return norm._gather(mine, header, eps, token_group(group)).contiguous()
+
+
+@_norm_statistics_op.register_fake
+def _(mine, header, eps, group):
+    return mine.new_empty((nn.dist.get_world_size(token_group(group)),) + tuple(mine.shape))

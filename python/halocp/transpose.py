@@ -38,6 +38,12 @@ __all__ = ["ConvTranspose3d"]
 # The shard table's columns: the length, then what every rank must agree on.
 _AGREED = {1: "kernel", 2: "stride", 3: "padding", 4: "output_padding", 5: "dilation", 6: "in_channels",
            7: "out_channels"}
+# Then what a rank's boundary frames are computed with, which the summing
+# exchange cannot tell when the output's shape comes out the same: named
+# in a mismatch's message where they differ.
+_COMPUTED = {8 + i: name for i, name in enumerate(
+    ["groups"] + [f"{arg} {d}" for arg in ("kernel", "stride", "padding", "output_padding", "dilation")
+                  for d in "hw"])}
 
 
 class ConvTranspose3d(torch.nn.ConvTranspose3d):
@@ -54,9 +60,9 @@ class ConvTranspose3d(torch.nn.ConvTranspose3d):
     ``[a*s, (a+n)*s)`` of it (a: the frames before its shard, n: its
     length, s: the temporal stride), the last rank's runs to the end. Each
     call exchanges one small row per rank (the shard lengths, and the
-    layer's temporal arguments: ranks that disagree all raise
-    ``HaloError(ERR_MISMATCH)``), then one summing exchange of the boundary
-    frames. Only ``padding_mode="zeros"`` (torch's only one).
+    layer's arguments, groups and spatial ones included: ranks that disagree
+    all raise ``HaloError(ERR_MISMATCH)``), then one summing exchange of the
+    boundary frames. Only ``padding_mode="zeros"`` (torch's only one).
     """
 
     def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, output_padding=0, groups=1,
@@ -78,10 +84,14 @@ class ConvTranspose3d(torch.nn.ConvTranspose3d):
             # It would pick output_padding from the whole output's size, which no rank holds.
             raise ValueError("halocp.nn.ConvTranspose3d: output_size is for one process; give output_padding")
         if not isinstance(x, torch.Tensor) or x.dim() not in (4, 5) or x.shape[-4] != self.in_channels:
-            what = f"shape {tuple(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__
-            raise HaloError(_lib.ERR_INVALID_ARGUMENT,
-                            f"halocp.nn: ConvTranspose3d on rank {world_and_rank(self.group)[1]} wants "
-                            f"(N, C, T, H, W) input with C = {self.in_channels} (or unbatched), not {what}")
+            if world_and_rank(self.group)[0] == 1:
+                what = f"shape {tuple(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__
+                raise HaloError(_lib.ERR_INVALID_ARGUMENT,
+                                f"halocp.nn: ConvTranspose3d on rank 0 wants (N, C, T, H, W) input with C = "
+                                f"{self.in_channels} (or unbatched), not {what}")
+            # The other ranks may be in the shard table's collective already:
+            # join it with a row that says so, and every rank raises alike.
+            return _refuse(self, x)
         if x.dim() == 4:
             return self.forward(x.unsqueeze(0)).squeeze(0)
         return _sharded_conv_transpose(self, x)
@@ -90,14 +100,34 @@ class ConvTranspose3d(torch.nn.ConvTranspose3d):
         return super().extra_repr() + f", temporal halo=({self.left}, {self.right})"
 
 
+def _row(layer, n, x_shape):
+    """This rank's row of the shard table: its shard length n, the layer's
+    arguments, and its input's dims and C (what a refusal names)."""
+    row = [n, layer.kernel_size[0], layer.stride[0], layer.padding[0], layer.output_padding[0], layer.dilation[0],
+           layer.in_channels, layer.out_channels, layer.groups]
+    for arg in (layer.kernel_size, layer.stride, layer.padding, layer.output_padding, layer.dilation):
+        row += arg[1:]
+    return row + [len(x_shape), x_shape[-4] if len(x_shape) >= 4 else -1]
+
+
+def _refuse(layer, x):
+    """Join the shard table with a refused input's row (length -1): raises
+    on every rank; under compile, returned so that the op stays in the graph."""
+    tensor = isinstance(x, torch.Tensor)
+    row = _row(layer, -1, tuple(x.shape) if tensor else ())
+    device = x.device if tensor else layer.weight.device
+    if is_compiling():
+        return torch.ops.halocp.transpose_span(layer.weight, row, _token(layer.group))
+    return _span(row, layer.group, device)
+
+
 def _halos(k, s, p, d):
     """The frames a rank's local output has before and after its own."""
     return p, max(d * (k - 1) + 1 - s - p, 0)
 
 
 def _sharded_conv_transpose(layer, x):
-    row = [x.shape[2], layer.kernel_size[0], layer.stride[0], layer.padding[0], layer.output_padding[0],
-           layer.dilation[0], layer.in_channels, layer.out_channels]
+    row = _row(layer, x.shape[2], x.shape)
     # No temporal padding or output padding: the crop at the ends is the exchange's.
     conv = [list(layer.stride), [0] + list(layer.padding[1:]), [0] + list(layer.output_padding[1:]), layer.groups,
             list(layer.dilation)]
@@ -135,7 +165,14 @@ def _span(row, group, device):
     n, k, s, p, op, d = row[:6]
     world, rank = world_and_rank(group)
     table = shard_table(row, group, device)
-    bad = disagreement(table, _AGREED)
+    refused = [r for r, t in enumerate(table) if t[0] < 0]
+    if refused:
+        said = "; ".join(f"rank {r}: " + (f"dims {table[r][-2]}, C {table[r][-1]}" if table[r][-2] else "not a tensor")
+                         for r in refused)
+        raise HaloError(_lib.ERR_INVALID_ARGUMENT, "halocp.nn: ConvTranspose3d wants (N, C, T, H, W) input with C = "
+                                                   f"in_channels (or unbatched), not on every rank ({said})")
+    computed = {i: name for i, name in _COMPUTED.items() if any(r[i] != table[0][i] for r in table)}
+    bad = disagreement(table, {**_AGREED, **computed})
     if bad:
         raise HaloError(_lib.ERR_MISMATCH,
                         f"halocp.nn: ConvTranspose3d: the ranks of the group disagree on the layer ({bad})")

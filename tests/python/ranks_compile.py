@@ -229,7 +229,38 @@ def scenario_mismatch():
                           fullgraph=True)
     msg = ranks.raises(lambda: tconv(x), halocp.ERR_MISMATCH, "compiled ConvTranspose3d strides")
     expect(f"rank {ranks.WORLD - 1}: kernel 3, stride 2" in msg, f"the message: {msg}")
+    groups = 2 if ranks.RANK == ranks.WORLD - 1 else 1
+    tconv = torch.compile(halocp.nn.ConvTranspose3d(2, 2, 3, stride=(2, 1, 1), groups=groups), backend="aot_eager",
+                          fullgraph=True)
+    msg = ranks.raises(lambda: tconv(x), halocp.ERR_MISMATCH, "compiled ConvTranspose3d groups")
+    expect(f"rank {ranks.WORLD - 1}: " in msg and "groups 2" in msg, f"the message: {msg}")
+    tconv = torch.compile(halocp.nn.ConvTranspose3d(2, 2, 3, stride=(2, 1, 1)), backend="aot_eager", fullgraph=True)
+    bad = torch.randn(1, 3, 4, 3, 3) if ranks.RANK == ranks.WORLD - 1 else x
+    msg = ranks.raises(lambda: tconv(bad), halocp.ERR_INVALID_ARGUMENT,
+                       "a compiled ConvTranspose3d input one rank refuses")
+    expect(f"rank {ranks.WORLD - 1}: dims 5, C 3" in msg, f"the message: {msg}")
     _same(halocp.nn.CausalConv3d(2, 2, 3, stride=(2, 1, 1)), torch.randn(1, 2, 4, 3, 3), what="after the mismatch")
+
+
+def scenario_norm_mismatch():
+    """Compiled GroupNorms that disagree (num_groups, batch, channels, eps,
+    affine, the frame, the input's gradient) all raise the eager path's
+    HaloError(ERR_MISMATCH), the same on every rank, with no abort inside
+    the collective (an input one rank refuses: ERR_INVALID_ARGUMENT); an
+    agreeing compiled GroupNorm after them is one graph with the eager
+    results."""
+    from ranks_vae import check_norm_mismatch, check_norm_refused, norm_mismatch_cases, norm_refused_cases
+
+    for what, layer, x in norm_mismatch_cases():
+        torch._dynamo.reset()
+        compiled = torch.compile(layer, backend="aot_eager", fullgraph=True)
+        check_norm_mismatch(what, lambda: compiled(x))
+    for what, said, layer, x in norm_refused_cases():
+        torch._dynamo.reset()
+        compiled = torch.compile(layer, backend="aot_eager", fullgraph=True)
+        check_norm_refused(what, said, lambda: compiled(x))
+    torch.manual_seed(37)
+    _same(halocp.nn.GroupNorm(2, 4), torch.randn(2, 4, 2 + ranks.RANK, 3, 3), what="GroupNorm after the mismatches")
 
 
 def scenario_transpose():

@@ -145,8 +145,12 @@ def scenario_groupnorm():
                 expect(forward_collectives == ["allgather_"] and backward_collectives == ["allreduce_"],
                        f"{what}: collectives {forward_collectives} forward, {backward_collectives} backward")
             if ranks.WORLD > 1 and xg.numel() > x.numel() and x.numel():
-                expect(seen.largest <= x.numel(), f"{what}: an op allocated {seen.largest} elements, more than "
-                                                  f"the shard's {x.numel()} (the whole tensor has {xg.numel()})")
+                # Or the statistics' message: a header and room for a few
+                # numbers per (sample, group), from every rank (norm.py).
+                from halocp import norm
+                bound = max(x.numel(), ranks.WORLD * (norm._HEADER + norm._capacity[dist.group.WORLD]))
+                expect(seen.largest <= bound, f"{what}: an op allocated {seen.largest} elements, more than "
+                                              f"the shard's {x.numel()} (the whole tensor has {xg.numel()})")
     # No affine parameters, a channels_last_3d shard.
     lengths = splits()[0]
     layer, full = halocp.nn.GroupNorm(2, 6, affine=False), torch.nn.GroupNorm(2, 6, affine=False)
@@ -177,6 +181,124 @@ def scenario_groupnorm():
     expect_bits(runs[1][1], runs[0][1], "GroupNorm's input gradient, run twice")
     layer = halocp.nn.GroupNorm(3, 6)
     ranks.raises(lambda: layer(torch.zeros(2, 4, 3, 3)), halocp.ERR_INVALID_ARGUMENT, "a GroupNorm of the wrong C")
+
+
+# Each disagreement a GroupNorm can meet, on the last rank: (what, the
+# layer's arguments there and on the others, the input's shape there and on
+# the others, whether the input needs a gradient there and on the others).
+# The last num_groups case needs more numbers than the statistics' first
+# message holds (64 groups on the odd rank): it must fail as cleanly.
+NORM_MISMATCHES = [
+    ("num_groups", (dict(num_groups=4, num_channels=4), dict(num_groups=2, num_channels=4)), ((1, 4, 2, 3, 3),) * 2),
+    ("batch", (dict(num_groups=2, num_channels=4),) * 2, ((2, 4, 2, 3, 3), (1, 4, 2, 3, 3))),
+    ("channels", (dict(num_groups=2, num_channels=6), dict(num_groups=2, num_channels=4)),
+     ((1, 6, 2, 3, 3), (1, 4, 2, 3, 3))),
+    ("eps", (dict(num_groups=2, num_channels=4, eps=1e-3), dict(num_groups=2, num_channels=4)), ((1, 4, 2, 3, 3),) * 2),
+    ("affine", (dict(num_groups=2, num_channels=4, affine=False), dict(num_groups=2, num_channels=4)),
+     ((1, 4, 2, 3, 3),) * 2),
+    ("frame", (dict(num_groups=2, num_channels=4),) * 2, ((1, 4, 2, 3, 4), (1, 4, 2, 4, 3))),
+    ("input grad", (dict(num_groups=2, num_channels=4),) * 2, ((1, 4, 2, 3, 3),) * 2),
+    ("num_groups, 64 of them", (dict(num_groups=64, num_channels=64), dict(num_groups=32, num_channels=64)),
+     ((1, 64, 2, 2, 2),) * 2),
+]
+
+# What each rank's part of the message says: the field's value on the last
+# rank, then on the others.
+NORM_SAID = {"num_groups": ("num_groups 4", "num_groups 2"), "batch": ("batch 2", "batch 1"),
+             "channels": ("channels 6", "channels 4"), "eps": ("eps 0.001", "eps 1e-05"),
+             "affine": ("affine False", "affine True"), "frame": ("frame 3x4", "frame 4x3"),
+             "input grad": ("input grad False", "input grad True"),
+             "num_groups, 64 of them": ("num_groups 64", "num_groups 32")}
+
+
+# An input that one rank's layer refuses (its C is not the layer's, too
+# few dims for the sharded one): every rank raises the same
+# ERR_INVALID_ARGUMENT naming it, rather than the others waiting for it in
+# the collective. (what, the input's shape there and on the others, said.)
+NORM_REFUSED = [("input channels", (1, 6, 2, 3, 3), (1, 4, 2, 3, 3), "channels 6, num_channels 4"),
+                ("input dims", (1, 4), (1, 4, 2, 3, 3), "dims 2")]
+
+
+def norm_refused_cases():
+    odd = ranks.RANK == ranks.WORLD - 1
+    for what, there, here, said in NORM_REFUSED:
+        yield what, said, halocp.nn.GroupNorm(2, 4), torch.randn(there if odd else here)
+
+
+def check_norm_refused(what, said, call):
+    msg = ranks.raises(call, halocp.ERR_INVALID_ARGUMENT, f"a GroupNorm whose {what} one rank refuses")
+    every = [None] * ranks.WORLD
+    dist.all_gather_object(every, msg)
+    expect(all(m == msg for m in every), f"{what}: the ranks' messages differ: {every}")
+    expect(f"rank {ranks.WORLD - 1}: " in msg and said in msg and "rank 0:" not in msg, f"{what}: the message: {msg}")
+
+
+def norm_mismatch_cases():
+    """(what, layer, x) of each disagreement, as this rank holds it."""
+    odd = ranks.RANK == ranks.WORLD - 1
+    for what, layer_args, shapes in NORM_MISMATCHES:
+        x = torch.randn(shapes[0] if odd else shapes[1])
+        x.requires_grad_(not (odd and what == "input grad"))
+        yield what, halocp.nn.GroupNorm(**layer_args[0 if odd else 1]), x
+
+
+def check_norm_mismatch(what, call):
+    """call raises the same HaloError(ERR_MISMATCH) on every rank, at once,
+    naming the last rank, the field and both values."""
+    msg = ranks.raises(call, halocp.ERR_MISMATCH, f"GroupNorms whose {what} differs")
+    said = [None] * ranks.WORLD
+    dist.all_gather_object(said, msg)
+    expect(all(m == msg for m in said), f"{what}: the ranks' messages differ: {said}")
+    odd, rest = NORM_SAID[what]
+    expect(f"rank {ranks.WORLD - 1}: {odd}" in msg and f"rank 0: {rest}" in msg, f"{what}: the message: {msg}")
+    for r in range(1, ranks.WORLD - 1):  # ranks that agree with rank 0 are not named
+        expect(f"rank {r}:" not in msg, f"{what}: the message names rank {r}, which agrees: {msg}")
+    return msg
+
+
+def check_norm_after(what):
+    """An agreeing GroupNorm after a disagreement: torch's results, one
+    collective each way."""
+    lengths = splits()[0]
+    torch.manual_seed(250)
+    layer, full = halocp.nn.GroupNorm(2, 4), torch.nn.GroupNorm(2, 4)
+    xg = torch.randn(1, 4, sum(lengths), 3, 3, requires_grad=True)
+    yg = full(xg)
+    yg.backward(torch.ones_like(yg))
+    x = shard(xg.detach(), lengths).clone().requires_grad_()
+    y = layer(x)
+    y.backward(torch.ones_like(y))
+    close(y, shard(yg.detach(), lengths), 2e-5, f"GroupNorm after the {what} mismatch: output")
+    close(x.grad, shard(xg.grad, lengths), 2e-5, f"GroupNorm after the {what} mismatch: input grad")
+
+
+def scenario_norm_mismatch():
+    """Ranks whose GroupNorms disagree (num_groups, batch, channels, eps,
+    affine, the frame's shape, whether the input needs a gradient) all raise
+    the same HaloError(ERR_MISMATCH) naming the rank and the values that
+    differ: no abort inside the collective, no hang, no silent wrong result;
+    an input one rank refuses is ERR_INVALID_ARGUMENT on every rank; the
+    group works after each. Then a layer whose statistics outgrow the
+    first message: one more message on its first call only."""
+    if ranks.WORLD == 1:
+        return
+    for what, layer, x in norm_mismatch_cases():
+        check_norm_mismatch(what, lambda: layer(x))
+        check_norm_after(what)
+    for what, said, layer, x in norm_refused_cases():
+        check_norm_refused(what, said, lambda: layer(x))
+        check_norm_after(what)
+    torch.manual_seed(260)
+    lengths = splits()[0]
+    layer, full = halocp.nn.GroupNorm(64, 128), torch.nn.GroupNorm(64, 128)
+    xg = torch.randn(3, 128, sum(lengths), 2, 2)
+    x = shard(xg, lengths)
+    for call in range(2):
+        with _LargestAllocation() as seen:
+            y = layer(x)
+        want = ["allgather_", "allgather_"] if call == 0 else ["allgather_"]
+        expect(seen.collectives == want, f"GroupNorm(64) of 3 samples, call {call}: collectives {seen.collectives}")
+        close(y, shard(full(xg).detach(), lengths), 2e-5, f"GroupNorm(64) of 3 samples, call {call}")
 
 
 # ----------------------------------------------------------- ConvTranspose3d
@@ -233,6 +355,26 @@ def scenario_transpose():
         layer = halocp.nn.ConvTranspose3d(2, 2, 3, stride=2 + (ranks.RANK == ranks.WORLD - 1))
         msg = ranks.raises(lambda: layer(torch.randn(1, 2, 2, 3, 3)), halocp.ERR_MISMATCH, "strides that differ")
         expect(f"rank {ranks.WORLD - 1}: kernel 3, stride 3" in msg, f"the message: {msg}")
+        # What the boundary frames a rank sends were computed with, though the
+        # output's shape is the same: groups, the spatial arguments.
+        odd = ranks.RANK == ranks.WORLD - 1
+        for what, kw, said in (("groups", dict(groups=2 if odd else 1), "groups 2"),
+                               ("spatial kernels", dict(kernel_size=(3, 3, 3) if odd else (3, 1, 1),
+                                                        padding=(1, 1, 1) if odd else (1, 0, 0)), "kernel h 3")):
+            layer = halocp.nn.ConvTranspose3d(4, 4, kw.pop("kernel_size", 3), stride=2, **dict(dict(padding=1), **kw))
+            msg = ranks.raises(lambda: layer(torch.randn(1, 4, 3, 4, 4)), halocp.ERR_MISMATCH,
+                               f"ConvTranspose3d {what} that differ")
+            expect(f"rank {ranks.WORLD - 1}: " in msg and said in msg, f"{what}: the message: {msg}")
+        # An input one rank refuses: every rank says so, the same words (the
+        # others would otherwise wait for it in the shard table's collective).
+        layer = halocp.nn.ConvTranspose3d(2, 2, 3, stride=2, padding=1)
+        x = torch.randn(1, 3 if odd else 2, 3, 4, 4)
+        msg = ranks.raises(lambda: layer(x), halocp.ERR_INVALID_ARGUMENT, "a ConvTranspose3d input one rank refuses")
+        every = [None] * ranks.WORLD
+        dist.all_gather_object(every, msg)
+        expect(all(m == msg for m in every), f"ConvTranspose3d's refusal: the ranks' messages differ: {every}")
+        expect(f"rank {ranks.WORLD - 1}: dims 5, C 3" in msg and "rank 0:" not in msg,
+               f"ConvTranspose3d's refusal: the message: {msg}")
 
 
 def scenario_subgroups():

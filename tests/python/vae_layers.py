@@ -16,7 +16,7 @@ import pytest
 from launcher import expect_scenario, launch
 
 HERE = Path(__file__).resolve().parent
-SCENARIOS = ["halo_sum", "groupnorm", "transpose", "subgroups", "temporal_padding", "pooling", "vae"]
+SCENARIOS = ["halo_sum", "groupnorm", "norm_mismatch", "transpose", "subgroups", "temporal_padding", "pooling", "vae"]
 
 
 @pytest.fixture(scope="module", params=[1, 2, 3, 4], ids=lambda w: f"W{w}")
