@@ -31,6 +31,9 @@ type Comm struct {
 	// (rendezvous.Present); failure is why the server then failed the job.
 	presence *rendezvous.Presence
 	failure  atomic.Pointer[string]
+	// live holds a link to every peer that tells of its death at once
+	// (liveness.go); nil for world size 1 or where no listener opened.
+	live *liveness
 }
 
 // New opens the transport and, with the rendezvous bootstrap, connects
@@ -47,7 +50,8 @@ func New(cfg Config) (*Comm, error) {
 		return nil, fmt.Errorf("rank %d: opening UCX: %w", cfg.Rank, classify(err))
 	}
 	c := &Comm{cfg: cfg, t: t, job: jobDigest(cfg.Job, cfg.Attempt)}
-	c.address = sealAddress(t.Address(), cfg.Rank, cfg.Size, c.job)
+	c.live = listenLiveness(cfg.Rank, cfg.Size, t.PeerGone)
+	c.address = sealAddress(t.Address(), c.live.endpoint(), cfg.Rank, cfg.Size, c.job)
 	if cfg.Bootstrap == BootstrapExternal {
 		return c, nil
 	}
@@ -157,13 +161,14 @@ func (c *Comm) connect(addrs [][]byte, class error, from string) error {
 	if len(addrs) != c.cfg.Size {
 		return fmt.Errorf("%w: rank %d: %d addresses for world size %d", halo.ErrInvalid, c.cfg.Rank, len(addrs), c.cfg.Size)
 	}
-	raw, err := checkAddresses(addrs, c.cfg.Rank, c.address, c.job, c.t.CheckAddress)
+	raw, live, err := checkAddresses(addrs, c.cfg.Rank, c.address, c.job, c.t.CheckAddress)
 	if err != nil {
 		return fmt.Errorf("%w: rank %d: %s%v", class, c.cfg.Rank, from, err)
 	}
 	if err := c.t.Connect(raw); err != nil {
 		return fmt.Errorf("rank %d: connecting: %w", c.cfg.Rank, classify(err))
 	}
+	c.live.connect(live)
 	g, err := halo.NewGroup(wire{c.t, c.cfg.Timeout, c.cfg.TimeoutFrom, &c.failure}, halo.GroupOptions{Timeout: c.cfg.Timeout, Transfer: c.cfg.Transfer})
 	if err != nil {
 		return err
@@ -237,6 +242,9 @@ func (c *Comm) Close() error {
 	if c.presence != nil {
 		c.presence.Close()
 	}
+	// The liveness goodbye first: the peers then take the links' end for
+	// a close, not a death, and hear the rest from UCX's goodbye.
+	c.live.close()
 	return classify(c.t.Close())
 }
 

@@ -237,7 +237,11 @@ func (b *Batch) WaitFor(timeout time.Duration) error {
 	if !b.posted {
 		return errNotPosted
 	}
-	C.hux_batch_wait(b.c, C.int64_t(timeout))
+	if C.hux_batch_wait(b.c, C.int64_t(timeout)) == C.HUX_WAIT_SIGINT {
+		// The wait aborted the transport; peers hear of it once this
+		// Wait lets go of the worker, as after Abort.
+		go t.Goodbye()
+	}
 	return b.result()
 }
 
@@ -295,6 +299,8 @@ func (b *Batch) failure() error {
 			err = ErrTimeout
 		case op.why == C.HUX_WHY_ABORT:
 			err = ErrAborted
+		case op.why == C.HUX_WHY_SIGINT:
+			err = ErrInterrupted
 		case op.why == C.HUX_WHY_PEER:
 			err = &PeerError{Rank: info.peer, Status: Status(b.t.peer(info.peer).err)}
 		case st == StatusMessageTruncated:
