@@ -993,7 +993,8 @@ static int hux_batch_wait_ops(hux_batch_t *b, int64_t timeout_ns, int *armed,
     int idle            = 0;
     int64_t idle_since  = 0; /* when the spin ran out, while idle */
     int64_t end         = -1; /* set at the first clock reading */
-    int check, tried_arm = 0;
+    int64_t arm_at      = -1; /* likewise: when to watch SIGINT */
+    int check;
     int64_t now;
 
     hux_take_gone(t);
@@ -1018,18 +1019,17 @@ static int hux_batch_wait_ops(hux_batch_t *b, int64_t timeout_ns, int *armed,
             }
             now = hux_now_ns();
             if (end < 0) {
-                end = hux_end_at(now, timeout_ns);
+                end    = hux_end_at(now, timeout_ns);
+                arm_at = now + HUX_SIGINT_AFTER_NS;
             }
             if (idle_since == 0) {
                 idle_since = now;
             }
-            if (!tried_arm && (now - idle_since >= HUX_SIGINT_AFTER_NS)) {
-                tried_arm = 1;
-                *armed    = hux_sigint_arm(seen);
-            }
             if ((t->efd >= 0) && (t->sleep_ns >= 0) &&
                 (now - idle_since >= t->sleep_ns)) {
-                hux_worker_sleep(t, end, *armed);
+                /* Wake to arm the SIGINT watch before a long sleep. */
+                hux_worker_sleep(t, ((arm_at >= 0) && (arm_at < end)) ? arm_at : end,
+                                 *armed);
             } else {
                 sched_yield();
             }
@@ -1048,7 +1048,12 @@ static int hux_batch_wait_ops(hux_batch_t *b, int64_t timeout_ns, int *armed,
             }
             now = hux_now_ns();
             if (end < 0) {
-                end = hux_end_at(now, timeout_ns);
+                end    = hux_end_at(now, timeout_ns);
+                arm_at = now + HUX_SIGINT_AFTER_NS;
+            }
+            if ((arm_at >= 0) && (now >= arm_at)) {
+                arm_at = -1;
+                *armed = hux_sigint_arm(seen);
             }
             if ((now >= end) || hux_transport_aborted(t)) {
                 return hux_batch_stop(b);

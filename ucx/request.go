@@ -238,9 +238,9 @@ func (b *Batch) WaitFor(timeout time.Duration) error {
 		return errNotPosted
 	}
 	if C.hux_batch_wait(b.c, C.int64_t(timeout)) == C.HUX_WAIT_SIGINT {
-		// The wait aborted the transport; peers hear of it once this
-		// Wait lets go of the worker, as after Abort.
-		go t.Goodbye()
+		// The wait aborted the transport: tell the peers now, before the
+		// caller (whose Ctrl-C this was) may leave without a destroy.
+		C.hux_say_goodbye(t.c, C.int64_t(abortGrace))
 	}
 	return b.result()
 }
