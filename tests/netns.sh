@@ -10,7 +10,8 @@
 #   1. a 4-rank job across the four hosts;
 #   2. a client with a wrong token is refused, promptly and by name;
 #   3. two jobs on the one halod serve at the same time;
-#   4. --compare-perftest between two hosts (ucx_perftest's server on rank
+#   4. a rank SIGKILLed on one host is named on the others within seconds;
+#   5. --compare-perftest between two hosts (ucx_perftest's server on rank
 #      0's host, its client on rank 1's).
 # Addresses are 198.18.0.0/24 (benchmarking space), assigned only inside the
 # namespaces made here; every namespace and process is removed at the end,
@@ -168,7 +169,34 @@ for j in pair other; do
 done
 echo "ok: two jobs at once on one halod serve"
 
-# 4. ucx_perftest beside halo between two hosts: its server on rank 0's
+# 4. A rank SIGKILLed on one host mid-run is PEER_FAILED, named, on the
+# others within seconds (its liveness link across the veths closes), not at
+# the 30 s deadline.
+job killed "${hosts[0]}" "${hosts[1]}" "${hosts[2]}" -- -b 2K -e 2K --op forward --warmup 2 \
+	--duration 60s --min-iters 1 --max-iters 1000000000
+killed=("${JOB_PIDS[@]}")
+until grep -q . "$work/killed.0.out" 2>/dev/null; do # its table's header: connected
+	kill -0 "${killed[0]}" 2>/dev/null || { cat "$work/killed.0.err"; echo "FAIL: job killed: rank 0 exited early"; exit 1; }
+	[ "$SECONDS" -lt "$deadline" ] || { echo "FAIL: job killed never started"; exit 1; }
+	sleep 0.1
+done
+sleep 1
+kill -KILL "${killed[1]}"
+t0=$SECONDS
+for r in 0 2; do
+	if finish "${killed[$r]}"; then
+		echo "FAIL: job killed: rank $r went on without rank 1"
+		exit 1
+	fi
+	if ! grep -q "rank 1's process ended" "$work/killed.$r.err" || [ $((SECONDS - t0)) -gt 10 ]; then
+		echo "FAIL: job killed: rank $r did not name the killed rank 1 promptly ($((SECONDS - t0)) s):"
+		cat "$work/killed.$r.err"
+		exit 1
+	fi
+done
+echo "ok: a rank killed on one host is named on the others ($((SECONDS - t0)) s)"
+
+# 5. ucx_perftest beside halo between two hosts: its server on rank 0's
 # host, its client on rank 1's.
 if ! command -v ucx_perftest >/dev/null; then
 	echo "note: ucx_perftest is not installed (Debian: ucx-utils); the comparison was not run"

@@ -751,7 +751,6 @@ int hux_batch_post(hux_batch_t *b)
     if (hux_transport_aborted(t)) {
         return -1;
     }
-    hux_take_gone(t);
     b->pending      = 0;
     b->first        = 0;
     b->aborted_peer = -1;
@@ -997,11 +996,11 @@ static int hux_batch_wait_ops(hux_batch_t *b, int64_t timeout_ns, int *armed,
     int check;
     int64_t now;
 
-    hux_take_gone(t);
     hux_batch_reap(b);
     if (b->pending == 0) {
         return HUX_WAIT_DONE;
     }
+    hux_take_gone(t);
     for (;;) {
         if (ucp_worker_progress(worker) != 0) {
             idle       = 0;
