@@ -169,7 +169,7 @@ func (c *Comm) connect(addrs [][]byte, class error, from string) error {
 		return fmt.Errorf("rank %d: connecting: %w", c.cfg.Rank, classify(err))
 	}
 	c.live.connect(live)
-	g, err := halo.NewGroup(wire{c.t, c.cfg.Timeout, c.cfg.TimeoutFrom, &c.failure}, halo.GroupOptions{Timeout: c.cfg.Timeout, Transfer: c.cfg.Transfer})
+	g, err := halo.NewGroup(wire{c.t, c.cfg.Timeout, c.cfg.TimeoutFrom, &c.failure, c.sawDeath}, halo.GroupOptions{Timeout: c.cfg.Timeout, Transfer: c.cfg.Transfer})
 	if err != nil {
 		return err
 	}
@@ -230,6 +230,17 @@ func (c *Comm) Abort() {
 	}
 }
 
+// sawDeath is called when an exchange failed because a peer died (its
+// process ended, or its endpoint failed), which nobody else may have heard
+// of: ranks that exchange only with this one would wait for it until their
+// deadline. So the failure spreads as an abort does: the peers' exchanges
+// with this rank fail PEER_FAILED at once ("rank r aborted"). The group
+// has already failed (the exchange records why); only the wire is told.
+func (c *Comm) sawDeath() {
+	c.t.Abort()
+	c.t.Goodbye()
+}
+
 // Close releases the transport; plans made on it must be closed first.
 // Safe to call twice.
 func (c *Comm) Close() error {
@@ -256,6 +267,7 @@ type wire struct {
 	deadline    time.Duration // the configured deadline (a wait may get what is left of it)
 	timeoutFrom string        // where the deadline came from, for timeout messages
 	failure     *atomic.Pointer[string]
+	sawDeath    func() // after an operation failed on a dead peer (Comm.sawDeath)
 }
 
 // classify is the package's classify, except that an abort the rendezvous
@@ -299,7 +311,11 @@ func (b wireBatch) Post(bases []uintptr, tagOr uint64) error {
 }
 func (b wireBatch) Received(i int) (uint64, int64) { return b.b.Received(i) }
 func (b wireBatch) Wait(timeout time.Duration) error {
-	err := b.w.classify(b.b.WaitFor(timeout))
+	raw := b.b.WaitFor(timeout)
+	if b.w.sawDeath != nil && peerDied(raw) {
+		b.w.sawDeath()
+	}
+	err := b.w.classify(raw)
 	if errors.Is(err, halo.ErrTimeout) {
 		// Say which deadline ran out and who set it: a value set too late
 		// (or not at all) is the usual surprise.
@@ -309,7 +325,37 @@ func (b wireBatch) Wait(timeout time.Duration) error {
 }
 func (b wireBatch) Test() (bool, error) {
 	done, err := b.b.Test()
+	if b.w.sawDeath != nil && peerDied(err) {
+		b.w.sawDeath()
+	}
 	return done, b.w.classify(err)
+}
+
+// peerDied reports whether any operation of err failed because its peer
+// died rather than said goodbye (a peer that closed or aborted told every
+// rank itself).
+func peerDied(err error) bool {
+	if err == nil {
+		return false
+	}
+	var pe *ucx.PeerError
+	if e, ok := err.(*ucx.PeerError); ok {
+		pe = e
+	}
+	if pe != nil {
+		return pe.Status != ucx.StatusPeerClosed && pe.Status != ucx.StatusPeerAborted
+	}
+	switch u := err.(type) {
+	case interface{ Unwrap() []error }:
+		for _, e := range u.Unwrap() {
+			if peerDied(e) {
+				return true
+			}
+		}
+	case interface{ Unwrap() error }:
+		return peerDied(u.Unwrap())
+	}
+	return false
 }
 func (b wireBatch) Close() error { return b.w.classify(b.b.Close()) }
 
