@@ -255,7 +255,7 @@ func (c *Comm) Close() error {
 	}
 	// The liveness goodbye first: the peers then take the links' end for
 	// a close, not a death, and hear the rest from UCX's goodbye.
-	c.live.close()
+	c.live.close(!c.t.Aborted())
 	return classify(c.t.Close())
 }
 

@@ -355,10 +355,12 @@ func (l *liveness) died(peer int) {
 	}
 }
 
-// close says goodbye on every link (from the creating process only: a
-// forked child that closes its copy must not speak for its parent) and
-// closes them and the listener. Safe on nil and twice.
-func (l *liveness) close() {
+// close closes every link and the listener, saying goodbye first when bye
+// is set (a communicator that did not fail: an aborted one's end is left to
+// look like a death, in case its UCX goodbye, which says more, was lost) and
+// this is the creating process (a forked child that closes its copy must not
+// speak for its parent). Safe on nil and twice.
+func (l *liveness) close(bye bool) {
 	if l == nil {
 		return
 	}
@@ -371,7 +373,7 @@ func (l *liveness) close() {
 	links := l.links
 	l.mu.Unlock()
 	l.ln.Close()
-	own := os.Getpid() == l.pid
+	own := bye && os.Getpid() == l.pid
 	for _, c := range links {
 		if c == nil {
 			continue

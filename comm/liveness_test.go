@@ -91,9 +91,9 @@ func TestLivenessEndpointRoundTrip(t *testing.T) {
 // A graceful close says goodbye first: the end of the link is no death.
 func TestLivenessCloseIsNoDeath(t *testing.T) {
 	l0, l1, g0, g1 := pair(t)
-	l1.close()
+	l1.close(true)
 	g0.expectNone(t, "rank 0", 300*time.Millisecond)
-	l0.close()
+	l0.close(true)
 	g1.expectNone(t, "rank 1", 100*time.Millisecond)
 }
 
@@ -101,7 +101,7 @@ func TestLivenessCloseIsNoDeath(t *testing.T) {
 // socket) reports the peer within liveGrace.
 func TestLivenessDeathReported(t *testing.T) {
 	l0, l1, g0, _ := pair(t)
-	defer l0.close()
+	defer l0.close(true)
 	l1.mu.Lock()
 	l1.closed = true // as the process would be: nothing of it runs on
 	conn := l1.links[0]
@@ -118,7 +118,7 @@ func TestLivenessDeathReported(t *testing.T) {
 func TestLivenessRefusedIsDeath(t *testing.T) {
 	g0, g1 := newGoneLog(), newGoneLog()
 	l0, l1 := listenLiveness(0, 2, g0.gone), listenLiveness(1, 2, g1.gone)
-	defer l0.close()
+	defer l0.close(true)
 	ep := l1.endpoint()
 	l1.mu.Lock()
 	l1.closed = true
@@ -131,8 +131,8 @@ func TestLivenessRefusedIsDeath(t *testing.T) {
 // A stranger who does not know the secret gets no link and kills nobody.
 func TestLivenessStrangerRefused(t *testing.T) {
 	l0, l1, g0, g1 := pair(t)
-	defer l0.close()
-	defer l1.close()
+	defer l0.close(true)
+	defer l1.close(true)
 	e, _ := decodeLiveEndpoint(l1.endpoint())
 	conn, err := net.Dial("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(int(e.port))))
 	if err != nil {

@@ -387,6 +387,7 @@ static void hux_take_gone(hux_transport_t *t)
             p->err = HUX_ERR_PEER_GONE;
         }
         hux_ep_force_close(t, i, t->grace_ns);
+        ++t->ngone;
     }
 }
 
@@ -852,6 +853,36 @@ static void hux_batch_reap(hux_batch_t *b)
     b->first = (first < 0) ? b->nops : first;
 }
 
+/*
+ * Ends the batch's sends to peers that hux_take_gone failed which the force
+ * close did not complete: a rendezvous send to a dead peer waits for an
+ * answer that never comes (ucx/NOTES.md). As after a deadline, the batch is
+ * then a zombie (UCX may hold the request until the worker goes), and the
+ * request is left to UCX; a send only reads the caller's memory, and only
+ * the dead peer would have read it. Nothing to do, and one load, while no
+ * peer has died.
+ */
+static void hux_batch_drop_gone(hux_batch_t *b)
+{
+    hux_transport_t *t = b->tr;
+    hux_op_t *op;
+    int i;
+
+    if (t->ngone == 0) {
+        return;
+    }
+    for (i = b->first; i < b->nops; ++i) {
+        op = &b->ops[i];
+        if ((op->req != NULL) && op->is_send && (t->peers[op->peer].gone == 2)) {
+            op->status = t->peers[op->peer].err;
+            op->why    = HUX_WHY_PEER;
+            op->req    = NULL;
+            --b->pending;
+            b->zombie  = 1;
+        }
+    }
+}
+
 /* Progresses until reap leaves nothing pending, or end passes. */
 static int hux_batch_drain(hux_batch_t *b, int64_t end)
 {
@@ -1037,6 +1068,7 @@ static int hux_batch_wait_ops(hux_batch_t *b, int64_t timeout_ns, int *armed,
         if (check) {
             hux_take_gone(t);
             hux_batch_reap(b);
+            hux_batch_drop_gone(b);
             if (b->pending == 0) {
                 return HUX_WAIT_DONE;
             }
@@ -1090,6 +1122,7 @@ int hux_batch_test(hux_batch_t *b)
     while ((ucp_worker_progress(t->worker) != 0) && (++n < 64)) {
     }
     hux_batch_reap(b);
+    hux_batch_drop_gone(b);
     if (b->pending == 0) {
         hux_batch_goodbyes(b);
         return 1;

@@ -68,6 +68,8 @@ typedef struct hux_transport {
     int           aborted;     /* set once by hux_transport_abort, any thread */
     int           gone;        /* set by hux_peer_gone (any thread), cleared
                                   by the thread that acts on it */
+    int           ngone;       /* peers acted on (hux_take_gone): their
+                                  stuck sends are dropped (hux_batch_drop_gone) */
     int64_t       grace_ns;    /* how long an abort waits for cancellations */
     /* Requests UCX could not finish within an abort's grace period, and the
      * batch memory they may still read; both are released by
