@@ -14,6 +14,8 @@
  *                           exchange in flight
  *   test_errors async_kill  3 ranks, rank 1 dies while the others have an
  *                           exchange in flight: their waits fail in the deadline
+ *   test_errors async_kill_prompt  the same with a 30 s deadline: PEER_FAILED
+ *                           naming rank 1 within 3 s
  *   test_errors abort       2 ranks, rank 0 blocked in an exchange that rank 1
  *                           never joins; another thread aborts the communicator */
 #include <pthread.h>
@@ -304,8 +306,8 @@ static int rank_async(int port) {
     return g_failures ? 1 : 0;
 }
 
-static int rank_async_kill(int port) {
-    const int64_t timeout_ms = 3000;
+static int rank_async_kill(int port, int prompt) {
+    const int64_t timeout_ms = prompt ? 30000 : 3000;
     halo_comm_t c = make_comm(port, timeout_ms);
     int64_t shape[2] = {64, 256};
     halo_plan_params_t p = params(shape);
@@ -327,6 +329,11 @@ static int rank_async_kill(int port) {
     CHECK(rc == HALO_ERR_TIMEOUT || rc == HALO_ERR_PEER_FAILED, "wait with a dead peer returned %s: %s", halo_strerror(rc), halo_last_error());
     CHECK(strstr(halo_last_error(), "rank 1") != NULL, "message does not name rank 1: %s", halo_last_error());
     CHECK(took < timeout_ms / 1000.0 + 2.0, "took %.2f s for a %ld ms deadline", took, (long)timeout_ms);
+    if (prompt) {
+        /* 0.3 s of it is the rank's own computing */
+        CHECK(rc == HALO_ERR_PEER_FAILED, "wait with a killed peer returned %s, want PEER_FAILED: %s", halo_strerror(rc), halo_last_error());
+        CHECK(took < 3.0, "the killed peer was found after %.2f s (deadline %ld ms), want < 3 s", took, (long)timeout_ms);
+    }
     t0 = now_s();
     HALO_OK(halo_comm_destroy(c));
     CHECK(now_s() - t0 < 5.0, "destroy took %.2f s", now_s() - t0);
@@ -380,7 +387,8 @@ int main(int argc, char **argv) {
     if (rank_args(argc, argv, &port)) {
         if (has_flag(argc, argv, "mismatch")) return rank_mismatch(port);
         if (has_flag(argc, argv, "async")) return rank_async(port);
-        if (has_flag(argc, argv, "async_kill")) return rank_async_kill(port);
+        if (has_flag(argc, argv, "async_kill")) return rank_async_kill(port, 0);
+        if (has_flag(argc, argv, "async_kill_prompt")) return rank_async_kill(port, 1);
         if (has_flag(argc, argv, "abort")) return rank_abort(port);
         return rank_kill(port, has_flag(argc, argv, "kill_prompt"));
     }
@@ -402,12 +410,12 @@ int main(int argc, char **argv) {
         printf("test_errors %s: %s\n", mode, bad ? "FAILED" : "passed");
         return bad ? 1 : 0;
     }
-    if (!strcmp(mode, "async_kill")) {
+    if (!strcmp(mode, "async_kill") || !strcmp(mode, "async_kill_prompt")) {
         int sig[3] = {0, SIGKILL, 0};
         int bad = launch(argv[0], 3, 60, sig, 1, extra);
-        printf("test_errors async_kill: %s\n", bad ? "FAILED" : "passed");
+        printf("test_errors %s: %s\n", mode, bad ? "FAILED" : "passed");
         return bad ? 1 : 0;
     }
-    fprintf(stderr, "usage: %s args|mismatch|kill|kill_prompt|async|async_kill|abort\n", argv[0]);
+    fprintf(stderr, "usage: %s args|mismatch|kill|kill_prompt|async|async_kill|async_kill_prompt|abort\n", argv[0]);
     return 2;
 }
