@@ -235,9 +235,10 @@ func (c *Comm) Abort() {
 // of: ranks that exchange only with this one would wait for it until their
 // deadline. So the failure spreads as an abort does: the peers' exchanges
 // with this rank fail PEER_FAILED at once ("rank r aborted"). The group
-// has already failed (the exchange records why); only the wire is told.
-func (c *Comm) sawDeath() {
-	c.t.Abort()
+// has already failed (the exchange records why); only the wire is told,
+// and its goodbye names the dead rank.
+func (c *Comm) sawDeath(peer int) {
+	c.t.AbortFor(peer)
 	c.t.Goodbye()
 }
 
@@ -267,7 +268,7 @@ type wire struct {
 	deadline    time.Duration // the configured deadline (a wait may get what is left of it)
 	timeoutFrom string        // where the deadline came from, for timeout messages
 	failure     *atomic.Pointer[string]
-	sawDeath    func() // after an operation failed on a dead peer (Comm.sawDeath)
+	sawDeath    func(peer int) // after an operation failed on a dead peer (Comm.sawDeath)
 }
 
 // classify is the package's classify, except that an abort the rendezvous
@@ -312,8 +313,8 @@ func (b wireBatch) Post(bases []uintptr, tagOr uint64) error {
 func (b wireBatch) Received(i int) (uint64, int64) { return b.b.Received(i) }
 func (b wireBatch) Wait(timeout time.Duration) error {
 	raw := b.b.WaitFor(timeout)
-	if b.w.sawDeath != nil && peerDied(raw) {
-		b.w.sawDeath()
+	if r := deadPeer(raw); r >= 0 && b.w.sawDeath != nil {
+		b.w.sawDeath(r)
 	}
 	err := b.w.classify(raw)
 	if errors.Is(err, halo.ErrTimeout) {
@@ -325,37 +326,36 @@ func (b wireBatch) Wait(timeout time.Duration) error {
 }
 func (b wireBatch) Test() (bool, error) {
 	done, err := b.b.Test()
-	if b.w.sawDeath != nil && peerDied(err) {
-		b.w.sawDeath()
+	if r := deadPeer(err); r >= 0 && b.w.sawDeath != nil {
+		b.w.sawDeath(r)
 	}
 	return done, b.w.classify(err)
 }
 
-// peerDied reports whether any operation of err failed because its peer
-// died rather than said goodbye (a peer that closed or aborted told every
-// rank itself).
-func peerDied(err error) bool {
+// deadPeer is the first peer of err whose operation failed because it died
+// rather than said goodbye (a peer that closed or aborted told every rank
+// itself), or -1.
+func deadPeer(err error) int {
 	if err == nil {
-		return false
+		return -1
 	}
-	var pe *ucx.PeerError
-	if e, ok := err.(*ucx.PeerError); ok {
-		pe = e
-	}
-	if pe != nil {
-		return pe.Status != ucx.StatusPeerClosed && pe.Status != ucx.StatusPeerAborted
+	if pe, ok := err.(*ucx.PeerError); ok {
+		if pe.Status == ucx.StatusPeerClosed || pe.Status == ucx.StatusPeerAborted {
+			return -1
+		}
+		return pe.Rank
 	}
 	switch u := err.(type) {
 	case interface{ Unwrap() []error }:
 		for _, e := range u.Unwrap() {
-			if peerDied(e) {
-				return true
+			if r := deadPeer(e); r >= 0 {
+				return r
 			}
 		}
 	case interface{ Unwrap() error }:
-		return peerDied(u.Unwrap())
+		return deadPeer(u.Unwrap())
 	}
-	return false
+	return -1
 }
 func (b wireBatch) Close() error { return b.w.classify(b.b.Close()) }
 

@@ -161,6 +161,9 @@ func (e *LengthError) Is(target error) bool { return target == ErrMessageLength 
 type PeerError struct {
 	Rank   int
 	Status Status
+	// Cause is, for StatusPeerAborted, the rank whose death made the peer
+	// abort (Transport.AbortFor), or -1.
+	Cause int
 }
 
 func (e *PeerError) Error() string {
@@ -168,6 +171,9 @@ func (e *PeerError) Error() string {
 	case StatusPeerClosed:
 		return fmt.Sprintf("ucx: rank %d destroyed its communicator", e.Rank)
 	case StatusPeerAborted:
+		if e.Cause >= 0 {
+			return fmt.Sprintf("ucx: rank %d aborted its communicator: rank %d's process ended (its exchanges in flight are void)", e.Rank, e.Cause)
+		}
 		return fmt.Sprintf("ucx: rank %d aborted its communicator (its exchanges in flight are void)", e.Rank)
 	case StatusPeerGone:
 		return fmt.Sprintf("ucx: rank %d's process ended without destroying its communicator (killed, crashed or exited; its liveness link closed)", e.Rank)

@@ -308,12 +308,14 @@ hux_transport_t *hux_transport_new(int rank, int size)
         return NULL;
     }
     for (i = 0; i < size; ++i) {
-        t->peers[i].rank = i;
-        t->peers[i].err  = UCS_OK;
+        t->peers[i].rank  = i;
+        t->peers[i].err   = UCS_OK;
+        t->peers[i].cause = -1;
     }
     t->rank = rank;
     t->size = size;
     t->efd  = -1;
+    t->abort_cause = -1;
     return t;
 }
 
@@ -484,7 +486,7 @@ static ucs_status_t hux_bye_received(void *arg, const void *header,
                                      const ucp_am_recv_param_t *param)
 {
     hux_transport_t *t = arg;
-    int32_t bye[2];
+    int32_t bye[3];
     hux_peer_t *p;
 
     (void)header; (void)header_length;
@@ -497,6 +499,7 @@ static ucs_status_t hux_bye_received(void *arg, const void *header,
         return UCS_OK;
     }
     p = &t->peers[bye[0]];
+    p->cause = bye[2];
     if (p->err == UCS_OK) {
         p->err = (bye[1] == HUX_BYE_ABORTED) ? HUX_ERR_PEER_ABORTED :
                                                HUX_ERR_PEER_CLOSED;
@@ -553,6 +556,7 @@ void hux_say_goodbye(hux_transport_t *t, int64_t timeout_ns)
         p->bye_sent = 1;
         p->bye[0]   = t->rank;
         p->bye[1]   = what;
+        p->bye[2]   = t->abort_cause;
         reqs[i] = ucp_am_send_nbx(p->ep, HUX_AM_BYE, NULL, 0, p->bye,
                                   sizeof(p->bye), &param);
         if (UCS_PTR_IS_PTR(reqs[i])) {

@@ -35,8 +35,10 @@ typedef struct hux_peer {
     ucs_status_t err;    /* UCS_OK while healthy; first failure otherwise */
     int          rank;
     int          bye_sent; /* this side's goodbye has gone to the peer */
-    int32_t      bye[2];   /* and what it said (rank, HUX_BYE_*): UCX may
+    int32_t      bye[3];   /* and what it said (rank, HUX_BYE_*, the rank
+                              whose death made it abort or -1): UCX may
                               read it until the worker is destroyed */
+    int32_t      cause;    /* that third word of this peer's goodbye, or -1 */
     int          gone;     /* 1: hux_peer_gone said its process ended (any
                               thread); 2: the owning thread has acted on it */
 } hux_peer_t;
@@ -68,6 +70,7 @@ typedef struct hux_transport {
     int           aborted;     /* set once by hux_transport_abort, any thread */
     int           gone;        /* set by hux_peer_gone (any thread), cleared
                                   by the thread that acts on it */
+    int32_t       abort_cause; /* the dead rank an abort was for, or -1 */
     int           ngone;       /* peers acted on (hux_take_gone): their
                                   stuck sends are dropped (hux_batch_drop_gone) */
     int64_t       grace_ns;    /* how long an abort waits for cancellations */

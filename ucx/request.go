@@ -278,7 +278,7 @@ func (b *Batch) result() error {
 		}
 	}
 	if r := int(b.c.aborted_peer); r >= 0 {
-		return &PeerError{Rank: r, Status: StatusPeerAborted}
+		return &PeerError{Rank: r, Status: StatusPeerAborted, Cause: int(b.t.peer(r).cause)}
 	}
 	return nil
 }
@@ -302,11 +302,11 @@ func (b *Batch) failure() error {
 		case op.why == C.HUX_WHY_SIGINT:
 			err = ErrInterrupted
 		case op.why == C.HUX_WHY_PEER:
-			err = &PeerError{Rank: info.peer, Status: Status(b.t.peer(info.peer).err)}
+			err = b.t.peerError(info.peer)
 		case st == StatusMessageTruncated:
 			err = &LengthError{Expected: info.bytes, Got: int64(op.received)}
 		case st.peerFailure():
-			err = &PeerError{Rank: info.peer, Status: st}
+			err = &PeerError{Rank: info.peer, Status: st, Cause: -1}
 		default:
 			fn := "ucp_tag_recv_nbx"
 			if info.send {

@@ -63,6 +63,17 @@ func (t *Transport) PeerGone(peer int) {
 	}
 }
 
+// AbortFor is Abort because peer died (its operations failed on it): the
+// goodbye this rank then sends says so, and the peers' errors name both.
+func (t *Transport) AbortFor(peer int) {
+	t.abortMu.Lock()
+	if t.c != nil && t.c.abort_cause < 0 {
+		t.c.abort_cause = C.int32_t(peer)
+	}
+	t.abortMu.Unlock()
+	t.Abort()
+}
+
 // Aborted reports whether Abort was called.
 func (t *Transport) Aborted() bool {
 	t.abortMu.Lock()
