@@ -121,7 +121,7 @@ type liveness struct {
 	rank, size int
 	own        liveEndpoint
 	ln         net.Listener
-	pid        int             // the creating process: only it says goodbye
+	pid        int            // the creating process: only it says goodbye
 	gone       func(peer int) // Transport.PeerGone
 
 	mu     sync.Mutex
@@ -278,6 +278,8 @@ func (l *liveness) dial(peer int, e liveEndpoint, done func()) {
 		conn.SetDeadline(time.Time{})
 		if l.adopt(peer, conn) {
 			go l.watch(peer, conn)
+		} else {
+			conn.Close() // closed meanwhile
 		}
 		return
 	}
