@@ -121,8 +121,8 @@ int hux_reclaim_signals(void)
 /*
  * SIGINT during a long wait. A caller that handles SIGINT itself (Python's
  * handler only sets a flag that its interpreter reads once the C call
- * returns) would otherwise see Ctrl-C only at the deadline. While a wait has
- * been idle for HUX_SIGINT_AFTER_NS, a handler of ours sits in front of the
+ * returns) would otherwise see Ctrl-C only at the deadline. Once a wait has
+ * lasted HUX_SIGINT_AFTER_NS, a handler of ours sits in front of the
  * caller's: it counts the signal and calls the caller's handler as before;
  * the wait sees the count change and ends, aborting the transport. Only then:
  * short waits (every exchange that is not stuck) never pay the two
@@ -1013,7 +1013,8 @@ static int hux_batch_stop(hux_batch_t *b)
  * every HUX_CLOCK_EVERY polls while spinning and after every yield or sleep.
  * The timeout starts at the first clock reading, a few microseconds into the
  * wait: a wait that ends sooner (a small halo) reads no clock at all, which
- * here costs 43 ns a reading (kvm-clock). A wait idle for HUX_SIGINT_AFTER_NS
+ * here costs 43 ns a reading (kvm-clock). A wait that has lasted
+ * HUX_SIGINT_AFTER_NS since that reading (it wakes from a sleep for it)
  * watches SIGINT (*armed, *seen: see hux_sigint_arm); a SIGINT then aborts
  * the transport and ends the wait. Peers that hux_peer_gone named are acted
  * on at every look at the clock.
