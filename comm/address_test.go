@@ -46,13 +46,14 @@ var testJob = jobDigest("job", "attempt")
 // rank 1's address.
 func check2(t testing.TB, peer []byte) ([][]byte, error) {
 	raw := realAddress(t)
-	own := sealAddress(raw, 0, 2, testJob)
-	return checkAddresses([][]byte{own, peer}, 0, own, testJob, func(a []byte) error { return ucx.CheckAddress(raw, a) })
+	own := sealAddress(raw, nil, 0, 2, testJob)
+	got, _, err := checkAddresses([][]byte{own, peer}, 0, own, testJob, func(a []byte) error { return ucx.CheckAddress(raw, a) })
+	return got, err
 }
 
 func TestAddressEnvelope(t *testing.T) {
 	raw := realAddress(t)
-	peer := sealAddress(raw, 1, 2, testJob)
+	peer := sealAddress(raw, nil, 1, 2, testJob)
 	got, err := check2(t, peer)
 	if err != nil || !bytes.Equal(got[1], raw) || got[0] != nil {
 		t.Fatalf("a good address: %v, %x", err, got)
@@ -84,19 +85,19 @@ func TestAddressEnvelope(t *testing.T) {
 		{"raw UCX bytes", raw, `the address of rank 1 is not a halo address (what halo_comm_get_address returns): it does not start with "HALA"`},
 		{"random", randomBytes(300, 1), "the address of rank 1 is not a halo address"},
 		{"empty", nil, "shorter than the envelope"},
-		{"rank 0's", sealAddress(raw, 0, 2, testJob), "the address given for rank 1 was made by rank 0 of 2"},
-		{"another size", sealAddress(raw, 1, 3, testJob), "was made by rank 1 of 3"},
-		{"another job", sealAddress(raw, 1, 2, jobDigest("job", "other attempt")), "the address of rank 1 belongs to another job"},
-		{"a byte-0 flip inside", sealAddress(flip(raw, 0, 0xff), 1, 2, testJob), "the address of rank 1 is unusable: not a worker address of this UCX: address version 15"},
-		{"a byte-51 flip inside", sealAddress(flip(raw, 51, 0xff), 1, 2, testJob), "interface overhead"},
-		{"truncated inside", sealAddress(raw[:100], 1, 2, testJob), "runs past the end"},
+		{"rank 0's", sealAddress(raw, nil, 0, 2, testJob), "the address given for rank 1 was made by rank 0 of 2"},
+		{"another size", sealAddress(raw, nil, 1, 3, testJob), "was made by rank 1 of 3"},
+		{"another job", sealAddress(raw, nil, 1, 2, jobDigest("job", "other attempt")), "the address of rank 1 belongs to another job"},
+		{"a byte-0 flip inside", sealAddress(flip(raw, 0, 0xff), nil, 1, 2, testJob), "the address of rank 1 is unusable: not a worker address of this UCX: address version 15"},
+		{"a byte-51 flip inside", sealAddress(flip(raw, 51, 0xff), nil, 1, 2, testJob), "interface overhead"},
+		{"truncated inside", sealAddress(raw[:100], nil, 1, 2, testJob), "runs past the end"},
 	} {
 		if _, err := check2(t, c.addr); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%s: err = %v, want %q", c.name, err, c.want)
 		}
 	}
-	own := sealAddress(raw, 0, 2, testJob)
-	if _, err := checkAddresses([][]byte{peer, peer}, 0, own, testJob, nil); err == nil || !strings.Contains(err.Error(), "not its own") {
+	own := sealAddress(raw, nil, 0, 2, testJob)
+	if _, _, err := checkAddresses([][]byte{peer, peer}, 0, own, testJob, nil); err == nil || !strings.Contains(err.Error(), "not its own") {
 		t.Errorf("own slot with another address: %v", err)
 	}
 }
@@ -129,7 +130,7 @@ func FuzzPeerAddress(f *testing.F) {
 	f.Fuzz(func(t *testing.T, b []byte, seal bool) {
 		peer := b
 		if seal {
-			peer = sealAddress(b, 1, 2, testJob)
+			peer = sealAddress(b, nil, 1, 2, testJob)
 		}
 		got, err := check2(t, peer)
 		if err != nil {
@@ -195,8 +196,8 @@ func TestForgedAddressThroughRendezvous(t *testing.T) {
 	raw := realAddress(t)
 	for _, forged := range [][]byte{
 		randomBytes(300, 4),
-		sealAddress(randomBytes(300, 5), 1, 2, jobDigest("halo", "")),
-		sealAddress(flip(raw, 0, 0xff), 1, 2, jobDigest("halo", "")),
+		sealAddress(randomBytes(300, 5), nil, 1, 2, jobDigest("halo", "")),
+		sealAddress(flip(raw, 0, 0xff), nil, 1, 2, jobDigest("halo", "")),
 	} {
 		addr := freeAddr(t)
 		res := make(chan error)

@@ -31,6 +31,9 @@ type Comm struct {
 	// (rendezvous.Present); failure is why the server then failed the job.
 	presence *rendezvous.Presence
 	failure  atomic.Pointer[string]
+	// live holds a link to every peer that tells of its death at once
+	// (liveness.go); nil for world size 1 or where no listener opened.
+	live *liveness
 }
 
 // New opens the transport and, with the rendezvous bootstrap, connects
@@ -47,7 +50,8 @@ func New(cfg Config) (*Comm, error) {
 		return nil, fmt.Errorf("rank %d: opening UCX: %w", cfg.Rank, classify(err))
 	}
 	c := &Comm{cfg: cfg, t: t, job: jobDigest(cfg.Job, cfg.Attempt)}
-	c.address = sealAddress(t.Address(), cfg.Rank, cfg.Size, c.job)
+	c.live = listenLiveness(cfg.Rank, cfg.Size, t.PeerGone)
+	c.address = sealAddress(t.Address(), c.live.endpoint(), cfg.Rank, cfg.Size, c.job)
 	if cfg.Bootstrap == BootstrapExternal {
 		return c, nil
 	}
@@ -157,14 +161,15 @@ func (c *Comm) connect(addrs [][]byte, class error, from string) error {
 	if len(addrs) != c.cfg.Size {
 		return fmt.Errorf("%w: rank %d: %d addresses for world size %d", halo.ErrInvalid, c.cfg.Rank, len(addrs), c.cfg.Size)
 	}
-	raw, err := checkAddresses(addrs, c.cfg.Rank, c.address, c.job, c.t.CheckAddress)
+	raw, live, err := checkAddresses(addrs, c.cfg.Rank, c.address, c.job, c.t.CheckAddress)
 	if err != nil {
 		return fmt.Errorf("%w: rank %d: %s%v", class, c.cfg.Rank, from, err)
 	}
 	if err := c.t.Connect(raw); err != nil {
 		return fmt.Errorf("rank %d: connecting: %w", c.cfg.Rank, classify(err))
 	}
-	g, err := halo.NewGroup(wire{c.t, c.cfg.Timeout, c.cfg.TimeoutFrom, &c.failure}, halo.GroupOptions{Timeout: c.cfg.Timeout, Transfer: c.cfg.Transfer})
+	c.live.connect(live)
+	g, err := halo.NewGroup(wire{c.t, c.cfg.Timeout, c.cfg.TimeoutFrom, &c.failure, c.sawDeath}, halo.GroupOptions{Timeout: c.cfg.Timeout, Transfer: c.cfg.Transfer})
 	if err != nil {
 		return err
 	}
@@ -225,6 +230,18 @@ func (c *Comm) Abort() {
 	}
 }
 
+// sawDeath is called when an exchange failed because a peer died (its
+// process ended, or its endpoint failed), which nobody else may have heard
+// of: ranks that exchange only with this one would wait for it until their
+// deadline. So the failure spreads as an abort does: the peers' exchanges
+// with this rank fail PEER_FAILED at once ("rank r aborted"). The group
+// has already failed (the exchange records why); only the wire is told,
+// and its goodbye names the dead rank.
+func (c *Comm) sawDeath(peer int) {
+	c.t.AbortFor(peer)
+	c.t.Goodbye()
+}
+
 // Close releases the transport; plans made on it must be closed first.
 // Safe to call twice.
 func (c *Comm) Close() error {
@@ -237,6 +254,9 @@ func (c *Comm) Close() error {
 	if c.presence != nil {
 		c.presence.Close()
 	}
+	// The liveness goodbye first: the peers then take the links' end for
+	// a close, not a death, and hear the rest from UCX's goodbye.
+	c.live.close(!c.t.Aborted())
 	return classify(c.t.Close())
 }
 
@@ -248,6 +268,7 @@ type wire struct {
 	deadline    time.Duration // the configured deadline (a wait may get what is left of it)
 	timeoutFrom string        // where the deadline came from, for timeout messages
 	failure     *atomic.Pointer[string]
+	sawDeath    func(peer int) // after an operation failed on a dead peer (Comm.sawDeath)
 }
 
 // classify is the package's classify, except that an abort the rendezvous
@@ -291,7 +312,11 @@ func (b wireBatch) Post(bases []uintptr, tagOr uint64) error {
 }
 func (b wireBatch) Received(i int) (uint64, int64) { return b.b.Received(i) }
 func (b wireBatch) Wait(timeout time.Duration) error {
-	err := b.w.classify(b.b.WaitFor(timeout))
+	raw := b.b.WaitFor(timeout)
+	if r := deadPeer(raw); r >= 0 && b.w.sawDeath != nil {
+		b.w.sawDeath(r)
+	}
+	err := b.w.classify(raw)
 	if errors.Is(err, halo.ErrTimeout) {
 		// Say which deadline ran out and who set it: a value set too late
 		// (or not at all) is the usual surprise.
@@ -301,7 +326,36 @@ func (b wireBatch) Wait(timeout time.Duration) error {
 }
 func (b wireBatch) Test() (bool, error) {
 	done, err := b.b.Test()
+	if r := deadPeer(err); r >= 0 && b.w.sawDeath != nil {
+		b.w.sawDeath(r)
+	}
 	return done, b.w.classify(err)
+}
+
+// deadPeer is the first peer of err whose operation failed because it died
+// rather than said goodbye (a peer that closed or aborted told every rank
+// itself), or -1.
+func deadPeer(err error) int {
+	if err == nil {
+		return -1
+	}
+	if pe, ok := err.(*ucx.PeerError); ok {
+		if pe.Status == ucx.StatusPeerClosed || pe.Status == ucx.StatusPeerAborted {
+			return -1
+		}
+		return pe.Rank
+	}
+	switch u := err.(type) {
+	case interface{ Unwrap() []error }:
+		for _, e := range u.Unwrap() {
+			if r := deadPeer(e); r >= 0 {
+				return r
+			}
+		}
+	case interface{ Unwrap() error }:
+		return deadPeer(u.Unwrap())
+	}
+	return -1
 }
 func (b wireBatch) Close() error { return b.w.classify(b.b.Close()) }
 

@@ -42,9 +42,9 @@ type Config struct {
 	// ExternalServer: the rendezvous is a shared halod serve; rank 0 does
 	// not host one. SettingRendezvousExternal.
 	ExternalServer bool
-	// DetectPeerFailure turns on UCX peer error handling: a dead peer fails
-	// the exchange within about a second instead of at the deadline, at the
-	// cost of single-copy large messages. SettingDetectPeerFailure.
+	// DetectPeerFailure turns on UCX peer error handling as well, at the
+	// cost of single-copy large messages; a dead process is found without
+	// it (liveness.go). SettingDetectPeerFailure.
 	DetectPeerFailure bool
 	// SpinPolls is how long a wait polls before it yields the CPU between
 	// polls (ucx.Options.SpinPolls); SettingSpinPolls.

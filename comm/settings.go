@@ -56,7 +56,7 @@ var (
 	SettingBootstrapTimeout = Setting{Env: "HALO_BOOTSTRAP_TIMEOUT_MS", Kind: KindDuration, Default: "1m",
 		Means: "deadline of the rendezvous"}
 	SettingDetectPeerFailure = Setting{Env: "HALO_DETECT_PEER_FAILURE", Kind: KindBool, Default: "off",
-		Means: "UCX peer error handling: a dead peer fails the exchange in about a second instead of at the deadline, at the cost of single-copy large messages"}
+		Means: "UCX peer error handling as well (its keepalive also finds a peer whose host is gone), at the cost of single-copy large messages; a dead process is found without it"}
 	SettingSpinPolls = Setting{Env: "HALO_SPIN_POLLS", Kind: KindInt, Default: strconv.Itoa(ucx.DefaultSpinPolls),
 		Means: "polls before a waiting rank yields its CPU (lower it when ranks outnumber CPUs; negative never yields)"}
 	SettingTransfer = Setting{Env: "HALO_TRANSFER", Kind: KindTransfer, Default: "auto",

@@ -17,6 +17,18 @@
  * exchange the contents of its output tensors (out, grad_x, left, right) are
  * unspecified; the communicator then refuses further work with
  * HALO_ERR_COMM_FAILED and can only be destroyed.
+ *
+ * Dead peers: a rank whose process ends without destroying its communicator
+ * (killed, even by SIGKILL, or crashed) fails its peers' exchanges with it
+ * with HALO_ERR_PEER_FAILED naming it within about 0.1 s, with every setting
+ * at its default: each pair of ranks holds a TCP connection that carries
+ * nothing, and the kernel closes a dead process's sockets. A forked child
+ * holds its parent's copy open until it exits.
+ *
+ * SIGINT: a blocking call that has waited 10 ms in a process that handles
+ * SIGINT itself (Python does; SIG_DFL and SIG_IGN are left alone) returns
+ * HALO_ERR_COMM_FAILED when SIGINT arrives, after calling the process's
+ * handler: its communicator is aborted (peers told, as by halo_comm_abort).
  */
 #ifndef HALO_H
 #define HALO_H

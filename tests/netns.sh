@@ -10,7 +10,8 @@
 #   1. a 4-rank job across the four hosts;
 #   2. a client with a wrong token is refused, promptly and by name;
 #   3. two jobs on the one halod serve at the same time;
-#   4. --compare-perftest between two hosts (ucx_perftest's server on rank
+#   4. a rank SIGKILLed on one host is named on the others within seconds;
+#   5. --compare-perftest between two hosts (ucx_perftest's server on rank
 #      0's host, its client on rank 1's).
 # Addresses are 198.18.0.0/24 (benchmarking space), assigned only inside the
 # namespaces made here; every namespace and process is removed at the end,
@@ -91,7 +92,7 @@ rank() {
 	local job=$1 r=$2 world=$3 host=$4
 	shift 4
 	env HALO_RENDEZVOUS="$serve_addr" HALO_RENDEZVOUS_EXTERNAL=1 HALO_TOKEN="$token" HALO_JOB_ID="$job" \
-		HALO_BOOTSTRAP_TIMEOUT_MS=30s HALO_TIMEOUT_MS=30s UCX_TLS=tcp,self UCX_NET_DEVICES=eth0 \
+		HALO_BOOTSTRAP_TIMEOUT_MS=30s HALO_TIMEOUT_MS=30s UCX_TLS="${RANK_UCX_TLS:-tcp,self}" UCX_NET_DEVICES=eth0 \
 		ip netns exec "$host" "$halod" bench --rank "$r" --world-size "$world" --progress off "$@" \
 		>"$work/$job.$r.out" 2>"$work/$job.$r.err" &
 	pids+=($!)
@@ -168,7 +169,40 @@ for j in pair other; do
 done
 echo "ok: two jobs at once on one halod serve"
 
-# 4. ucx_perftest beside halo between two hosts: its server on rank 0's
+# 4. A rank SIGKILLed on one host mid-run is PEER_FAILED, named, on the
+# others within seconds (its liveness link across the veths closes), not at
+# the 30 s deadline. UCX runs on shared memory here (the "hosts" share a
+# kernel and a hostname, so UCX takes them for one), where it notices no
+# death itself: only the liveness link, dialled across the veths (the
+# namespaces are different network stacks), can tell.
+RANK_UCX_TLS=shm,self job killed "${hosts[0]}" "${hosts[1]}" "${hosts[2]}" -- -b 2K -e 2K --op forward --warmup 2 \
+	--duration 60s --min-iters 1 --max-iters 10000000
+killed=("${JOB_PIDS[@]}")
+until grep -q . "$work/killed.0.out" 2>/dev/null; do # its table's header: connected
+	kill -0 "${killed[0]}" 2>/dev/null || { cat "$work/killed.0.err"; echo "FAIL: job killed: rank 0 exited early"; exit 1; }
+	[ "$SECONDS" -lt "$deadline" ] || { echo "FAIL: job killed never started"; exit 1; }
+	sleep 0.1
+done
+sleep 1
+kill -KILL "${killed[1]}"
+t0=$SECONDS
+for r in 0 2; do
+	if finish "${killed[$r]}"; then
+		echo "FAIL: job killed: rank $r went on without rank 1"
+		exit 1
+	fi
+	# It names rank 1, also where the other survivor saw rank 1 die first
+	# and aborted ("rank 0 aborted its communicator: rank 1's process ended").
+	if ! grep -q "rank 1's process ended" "$work/killed.$r.err" || [ $((SECONDS - t0)) -gt 10 ]; then
+		echo "FAIL: job killed: rank $r did not name the killed rank 1 promptly ($((SECONDS - t0)) s):"
+		cat "$work/killed.0.err" "$work/killed.2.err"
+		exit 1
+	fi
+done
+echo "ok: a rank killed on one host is named on the others ($((SECONDS - t0)) s)"
+for r in 0 2; do echo "  rank $r: $(grep -o 'ucx: wait: [^"]*' "$work/killed.$r.err" | cut -c1-400)"; done
+
+# 5. ucx_perftest beside halo between two hosts: its server on rank 0's
 # host, its client on rank 1's.
 if ! command -v ucx_perftest >/dev/null; then
 	echo "note: ucx_perftest is not installed (Debian: ucx-utils); the comparison was not run"

@@ -102,7 +102,7 @@ func (t *Transport) EndpointInfo(peer int) (string, error) {
 		if p.err == C.UCS_OK {
 			return "", errNotConnected
 		}
-		return "", &PeerError{Rank: peer, Status: Status(p.err)}
+		return "", t.peerError(peer)
 	}
 	var n C.size_t
 	s := C.hux_ep_info(p.ep, &n)
@@ -111,6 +111,12 @@ func (t *Transport) EndpointInfo(peer int) (string, error) {
 	}
 	defer C.free(unsafe.Pointer(s))
 	return C.GoStringN(s, C.int(n)), nil
+}
+
+// peerError is what an operation on peer i fails with once it has failed.
+func (t *Transport) peerError(i int) *PeerError {
+	p := t.peer(i)
+	return &PeerError{Rank: i, Status: Status(p.err), Cause: int(p.cause)}
 }
 
 // peer returns the C state of the endpoint to rank i.

@@ -28,7 +28,17 @@ var (
 	ErrAborted = errors.New("ucx: aborted")
 	// ErrMemoryType: an operation's memory is of a type this UCX cannot move.
 	ErrMemoryType = errors.New("ucx: memory type not supported")
+	// ErrInterrupted: a SIGINT came while a long Wait slept; the transport
+	// is aborted, as by Abort, and matches ErrAborted too.
+	ErrInterrupted = &interrupted{}
 )
+
+type interrupted struct{}
+
+func (*interrupted) Error() string {
+	return "ucx: interrupted by SIGINT during a wait (the transport was aborted and its peers told)"
+}
+func (*interrupted) Is(target error) bool { return target == ErrAborted }
 
 // Status is a UCX status code (ucs_status_t): 0 is success, negative values
 // are errors.
@@ -69,6 +79,9 @@ const (
 const (
 	StatusPeerClosed  Status = C.HUX_ERR_PEER_CLOSED
 	StatusPeerAborted Status = C.HUX_ERR_PEER_ABORTED
+	// StatusPeerGone: the peer's process ended without a goodbye
+	// (Transport.PeerGone).
+	StatusPeerGone Status = C.HUX_ERR_PEER_GONE
 )
 
 // String is UCX's text for the status (ucs_status_string).
@@ -78,6 +91,8 @@ func (s Status) String() string {
 		return "the peer destroyed its communicator"
 	case StatusPeerAborted:
 		return "the peer aborted its communicator"
+	case StatusPeerGone:
+		return "the peer's process ended"
 	}
 	return C.GoString(C.ucs_status_string(C.ucs_status_t(s)))
 }
@@ -146,6 +161,9 @@ func (e *LengthError) Is(target error) bool { return target == ErrMessageLength 
 type PeerError struct {
 	Rank   int
 	Status Status
+	// Cause is, for StatusPeerAborted, the rank whose death made the peer
+	// abort (Transport.AbortFor), or -1.
+	Cause int
 }
 
 func (e *PeerError) Error() string {
@@ -153,7 +171,12 @@ func (e *PeerError) Error() string {
 	case StatusPeerClosed:
 		return fmt.Sprintf("ucx: rank %d destroyed its communicator", e.Rank)
 	case StatusPeerAborted:
+		if e.Cause >= 0 {
+			return fmt.Sprintf("ucx: rank %d aborted its communicator: rank %d's process ended (its exchanges in flight are void)", e.Rank, e.Cause)
+		}
 		return fmt.Sprintf("ucx: rank %d aborted its communicator (its exchanges in flight are void)", e.Rank)
+	case StatusPeerGone:
+		return fmt.Sprintf("ucx: rank %d's process ended without destroying its communicator (killed, crashed or exited; its liveness link closed)", e.Rank)
 	}
 	if e.Status == StatusCanceled {
 		return fmt.Sprintf("ucx: endpoint to rank %d was closed after an earlier failure", e.Rank)

@@ -8,6 +8,7 @@
 #include <ucs/debug/log_def.h>
 
 #include <dlfcn.h>
+#include <errno.h>
 #include <poll.h>
 #include <pthread.h>
 #include <sched.h>
@@ -117,6 +118,95 @@ int hux_reclaim_signals(void)
     return n;
 }
 
+/*
+ * SIGINT during a long wait. A caller that handles SIGINT itself (Python's
+ * handler only sets a flag that its interpreter reads once the C call
+ * returns) would otherwise see Ctrl-C only at the deadline. Once a wait has
+ * lasted HUX_SIGINT_AFTER_NS, a handler of ours sits in front of the
+ * caller's: it counts the signal and calls the caller's handler as before;
+ * the wait sees the count change and ends, aborting the transport. Only then:
+ * short waits (every exchange that is not stuck) never pay the two
+ * sigaction calls, and a process whose SIGINT is SIG_DFL (dies at once) or
+ * SIG_IGN (wants no interruption) is left alone.
+ */
+#define HUX_SIGINT_AFTER_NS  (10 * 1000000LL)
+/* How long an armed wait sleeps at most between looks at the count: the
+ * signal may be delivered to another thread than the waiting one, whose
+ * ppoll it then does not interrupt. */
+#define HUX_SIGINT_SLICE_NS  (100 * 1000000LL)
+
+static pthread_mutex_t  hux_sigint_mu = PTHREAD_MUTEX_INITIALIZER;
+static int              hux_sigint_users;   /* armed waits; under the mutex */
+static struct sigaction hux_sigint_prev;    /* the caller's action */
+static unsigned         hux_sigint_count;   /* SIGINTs seen while armed */
+
+static void hux_sigint_handler(int sig, siginfo_t *info, void *ctx)
+{
+    int saved = errno;
+
+    __atomic_add_fetch(&hux_sigint_count, 1, __ATOMIC_RELEASE);
+    if (hux_sigint_prev.sa_flags & SA_SIGINFO) {
+        hux_sigint_prev.sa_sigaction(sig, info, ctx);
+    } else if ((hux_sigint_prev.sa_handler != SIG_DFL) &&
+               (hux_sigint_prev.sa_handler != SIG_IGN)) {
+        hux_sigint_prev.sa_handler(sig);
+    }
+    errno = saved;
+}
+
+/* Puts our handler in front of the caller's if the caller has one. Returns
+ * 1 (armed: *seen is the count now) or 0. */
+static int hux_sigint_arm(unsigned *seen)
+{
+    hux_sigaction_fn real = hux_libc_sigaction();
+    struct sigaction cur, ours;
+    void *h;
+    int armed = 1;
+
+    pthread_mutex_lock(&hux_sigint_mu);
+    if (hux_sigint_users == 0) {
+        h = (real(SIGINT, NULL, &cur) == 0) ? hux_handler(&cur) : (void*)SIG_DFL;
+        if ((h == (void*)SIG_DFL) || (h == (void*)SIG_IGN) ||
+            (h == (void*)hux_sigint_handler)) {
+            armed = 0;
+        } else {
+            hux_sigint_prev = cur;
+            ours            = cur;
+            ours.sa_sigaction = hux_sigint_handler;
+            /* SA_ONSTACK: it may run on a Go thread's small stack. */
+            ours.sa_flags   = (cur.sa_flags | SA_SIGINFO | SA_ONSTACK) &
+                              ~SA_RESETHAND;
+            armed = (real(SIGINT, &ours, NULL) == 0);
+        }
+    }
+    if (armed) {
+        ++hux_sigint_users;
+        *seen = __atomic_load_n(&hux_sigint_count, __ATOMIC_ACQUIRE);
+    }
+    pthread_mutex_unlock(&hux_sigint_mu);
+    return armed;
+}
+
+/* Gives SIGINT back to the caller's handler after the last armed wait,
+ * unless someone replaced ours meanwhile. */
+static void hux_sigint_disarm(void)
+{
+    hux_sigaction_fn real = hux_libc_sigaction();
+    struct sigaction cur;
+
+    pthread_mutex_lock(&hux_sigint_mu);
+    if ((--hux_sigint_users == 0) && (real(SIGINT, NULL, &cur) == 0) &&
+        (hux_handler(&cur) == (void*)hux_sigint_handler)) {
+        real(SIGINT, &hux_sigint_prev, NULL);
+    }
+    pthread_mutex_unlock(&hux_sigint_mu);
+}
+
+static int hux_sigint_since(unsigned seen)
+{
+    return __atomic_load_n(&hux_sigint_count, __ATOMIC_ACQUIRE) != seen;
+}
+
 /* ---- context and worker ------------------------------------------------ */
 
 ucs_status_t hux_config_read(ucp_config_t **config)
@@ -218,12 +308,14 @@ hux_transport_t *hux_transport_new(int rank, int size)
         return NULL;
     }
     for (i = 0; i < size; ++i) {
-        t->peers[i].rank = i;
-        t->peers[i].err  = UCS_OK;
+        t->peers[i].rank  = i;
+        t->peers[i].err   = UCS_OK;
+        t->peers[i].cause = -1;
     }
     t->rank = rank;
     t->size = size;
     t->efd  = -1;
+    t->abort_cause = -1;
     return t;
 }
 
@@ -245,6 +337,60 @@ void hux_transport_abort(hux_transport_t *t)
 int hux_transport_aborted(hux_transport_t *t)
 {
     return __atomic_load_n(&t->aborted, __ATOMIC_ACQUIRE);
+}
+
+/*
+ * Says that peer's process has ended (its liveness link outside UCX closed
+ * without a goodbye: comm/liveness.go). Safe from any thread, like
+ * hux_transport_abort: it sets flags and wakes a sleeping wait; the thread
+ * that drives the worker acts on them (hux_take_gone).
+ */
+void hux_peer_gone(hux_transport_t *t, int peer)
+{
+    if ((peer < 0) || (peer >= t->size) || (peer == t->rank)) {
+        return;
+    }
+    __atomic_store_n(&t->peers[peer].gone, 1, __ATOMIC_RELEASE);
+    __atomic_store_n(&t->gone, 1, __ATOMIC_RELEASE);
+    if ((t->efd >= 0) && (t->worker != NULL)) {
+        ucp_worker_signal(t->worker);
+    }
+}
+
+ucs_status_t hux_ep_force_close(hux_transport_t *t, int peer, int64_t timeout_ns);
+
+/*
+ * On the thread that drives the worker: fails the peers hux_peer_gone named.
+ * What they sent before they died is read first (a bounded drain: a goodbye,
+ * or the last messages of an exchange that can still complete); then the
+ * peer's status becomes HUX_ERR_PEER_GONE and its endpoint is force-closed,
+ * which completes the sends still on it (UCX never fails a send to a dead
+ * peer without peer error handling: ucx/NOTES.md); receives from it are
+ * cancelled by hux_batch_reap. One load of a flag when nobody died.
+ */
+static void hux_take_gone(hux_transport_t *t)
+{
+    int i, n;
+
+    if ((__atomic_load_n(&t->gone, __ATOMIC_ACQUIRE) == 0) ||
+        (__atomic_exchange_n(&t->gone, 0, __ATOMIC_ACQ_REL) == 0) ||
+        (t->worker == NULL)) {
+        return;
+    }
+    for (n = 0; (n < 64) && (ucp_worker_progress(t->worker) != 0); ++n) {
+    }
+    for (i = 0; i < t->size; ++i) {
+        hux_peer_t *p = &t->peers[i];
+        if (__atomic_load_n(&p->gone, __ATOMIC_ACQUIRE) != 1) {
+            continue;
+        }
+        p->gone = 2;
+        if (p->err == UCS_OK) {
+            p->err = HUX_ERR_PEER_GONE;
+        }
+        hux_ep_force_close(t, i, t->grace_ns);
+        ++t->ngone;
+    }
 }
 
 static void hux_zombie_add(hux_transport_t *t, void *p)
@@ -340,7 +486,7 @@ static ucs_status_t hux_bye_received(void *arg, const void *header,
                                      const ucp_am_recv_param_t *param)
 {
     hux_transport_t *t = arg;
-    int32_t bye[2];
+    int32_t bye[3];
     hux_peer_t *p;
 
     (void)header; (void)header_length;
@@ -353,6 +499,7 @@ static ucs_status_t hux_bye_received(void *arg, const void *header,
         return UCS_OK;
     }
     p = &t->peers[bye[0]];
+    p->cause = bye[2];
     if (p->err == UCS_OK) {
         p->err = (bye[1] == HUX_BYE_ABORTED) ? HUX_ERR_PEER_ABORTED :
                                                HUX_ERR_PEER_CLOSED;
@@ -409,6 +556,7 @@ void hux_say_goodbye(hux_transport_t *t, int64_t timeout_ns)
         p->bye_sent = 1;
         p->bye[0]   = t->rank;
         p->bye[1]   = what;
+        p->bye[2]   = t->abort_cause;
         reqs[i] = ucp_am_send_nbx(p->ep, HUX_AM_BYE, NULL, 0, p->bye,
                                   sizeof(p->bye), &param);
         if (UCS_PTR_IS_PTR(reqs[i])) {
@@ -574,6 +722,12 @@ static void hux_op_finish(hux_batch_t *b, hux_op_t *op, ucs_status_t status)
             status = UCS_OK;
         }
     }
+    /* Ended by its peer's failure (a force close after hux_take_gone or
+     * another batch's deadline completes it as cancelled): say so. */
+    if ((status != UCS_OK) && (op->why == HUX_WHY_NONE) &&
+        (b->tr->peers[op->peer].err != UCS_OK)) {
+        op->why = HUX_WHY_PEER;
+    }
     op->status = status;
     ucp_request_free(op->req);
     op->req = NULL;
@@ -703,6 +857,36 @@ static void hux_batch_reap(hux_batch_t *b)
     b->first = (first < 0) ? b->nops : first;
 }
 
+/*
+ * Ends the batch's sends to peers that hux_take_gone failed which the force
+ * close did not complete: a rendezvous send to a dead peer waits for an
+ * answer that never comes (ucx/NOTES.md). As after a deadline, the batch is
+ * then a zombie (UCX may hold the request until the worker goes), and the
+ * request is left to UCX; a send only reads the caller's memory, and only
+ * the dead peer would have read it. Nothing to do, and one load, while no
+ * peer has died.
+ */
+static void hux_batch_drop_gone(hux_batch_t *b)
+{
+    hux_transport_t *t = b->tr;
+    hux_op_t *op;
+    int i;
+
+    if (t->ngone == 0) {
+        return;
+    }
+    for (i = b->first; i < b->nops; ++i) {
+        op = &b->ops[i];
+        if ((op->req != NULL) && op->is_send && (t->peers[op->peer].gone == 2)) {
+            op->status = t->peers[op->peer].err;
+            op->why    = HUX_WHY_PEER;
+            op->req    = NULL;
+            --b->pending;
+            b->zombie  = 1;
+        }
+    }
+}
+
 /* Progresses until reap leaves nothing pending, or end passes. */
 static int hux_batch_drain(hux_batch_t *b, int64_t end)
 {
@@ -780,7 +964,7 @@ void hux_batch_abort(hux_batch_t *b, int why)
  * fails with UCS_ERR_BUSY when events are already pending: then there is
  * nothing to sleep for.
  */
-static void hux_worker_sleep(hux_transport_t *t, int64_t end)
+static void hux_worker_sleep(hux_transport_t *t, int64_t end, int armed)
 {
     struct pollfd pfd = {.fd = t->efd, .events = POLLIN};
     struct timespec ts;
@@ -789,10 +973,13 @@ static void hux_worker_sleep(hux_transport_t *t, int64_t end)
     if (ucp_worker_arm(t->worker) != UCS_OK) {
         return;
     }
-    if (hux_transport_aborted(t)) {
+    if (hux_transport_aborted(t) || __atomic_load_n(&t->gone, __ATOMIC_ACQUIRE)) {
         return; /* the signal may have come before the arm */
     }
     left = end - hux_now_ns();
+    if (armed && (left > HUX_SIGINT_SLICE_NS)) {
+        left = HUX_SIGINT_SLICE_NS;
+    }
     if (left <= 0) {
         return;
     }
@@ -826,9 +1013,14 @@ static int hux_batch_stop(hux_batch_t *b)
  * every HUX_CLOCK_EVERY polls while spinning and after every yield or sleep.
  * The timeout starts at the first clock reading, a few microseconds into the
  * wait: a wait that ends sooner (a small halo) reads no clock at all, which
- * here costs 43 ns a reading (kvm-clock).
+ * here costs 43 ns a reading (kvm-clock). A wait that has lasted
+ * HUX_SIGINT_AFTER_NS since that reading (it wakes from a sleep for it)
+ * watches SIGINT (*armed, *seen: see hux_sigint_arm); a SIGINT then aborts
+ * the transport and ends the wait. Peers that hux_peer_gone named are acted
+ * on at every look at the clock.
  */
-static int hux_batch_wait_ops(hux_batch_t *b, int64_t timeout_ns)
+static int hux_batch_wait_ops(hux_batch_t *b, int64_t timeout_ns, int *armed,
+                              unsigned *seen)
 {
     hux_transport_t *t  = b->tr;
     ucp_worker_h worker = t->worker;
@@ -836,6 +1028,7 @@ static int hux_batch_wait_ops(hux_batch_t *b, int64_t timeout_ns)
     int idle            = 0;
     int64_t idle_since  = 0; /* when the spin ran out, while idle */
     int64_t end         = -1; /* set at the first clock reading */
+    int64_t arm_at      = -1; /* likewise: when to watch SIGINT */
     int check;
     int64_t now;
 
@@ -843,6 +1036,7 @@ static int hux_batch_wait_ops(hux_batch_t *b, int64_t timeout_ns)
     if (b->pending == 0) {
         return HUX_WAIT_DONE;
     }
+    hux_take_gone(t);
     for (;;) {
         if (ucp_worker_progress(worker) != 0) {
             idle       = 0;
@@ -860,27 +1054,42 @@ static int hux_batch_wait_ops(hux_batch_t *b, int64_t timeout_ns)
             }
             now = hux_now_ns();
             if (end < 0) {
-                end = hux_end_at(now, timeout_ns);
+                end    = hux_end_at(now, timeout_ns);
+                arm_at = now + HUX_SIGINT_AFTER_NS;
             }
             if (idle_since == 0) {
                 idle_since = now;
             }
             if ((t->efd >= 0) && (t->sleep_ns >= 0) &&
                 (now - idle_since >= t->sleep_ns)) {
-                hux_worker_sleep(t, end);
+                /* Wake to arm the SIGINT watch before a long sleep. */
+                hux_worker_sleep(t, ((arm_at >= 0) && (arm_at < end)) ? arm_at : end,
+                                 *armed);
             } else {
                 sched_yield();
             }
             check = 1;
         }
         if (check) {
+            hux_take_gone(t);
             hux_batch_reap(b);
+            hux_batch_drop_gone(b);
             if (b->pending == 0) {
                 return HUX_WAIT_DONE;
             }
+            if (*armed && hux_sigint_since(*seen)) {
+                hux_transport_abort(t);
+                hux_batch_abort(b, HUX_WHY_SIGINT);
+                return HUX_WAIT_SIGINT;
+            }
             now = hux_now_ns();
             if (end < 0) {
-                end = hux_end_at(now, timeout_ns);
+                end    = hux_end_at(now, timeout_ns);
+                arm_at = now + HUX_SIGINT_AFTER_NS;
+            }
+            if ((arm_at >= 0) && (now >= arm_at)) {
+                arm_at = -1;
+                *armed = hux_sigint_arm(seen);
             }
             if ((now >= end) || hux_transport_aborted(t)) {
                 return hux_batch_stop(b);
@@ -896,8 +1105,13 @@ static int hux_batch_wait_ops(hux_batch_t *b, int64_t timeout_ns)
  */
 int hux_batch_wait(hux_batch_t *b, int64_t timeout_ns)
 {
-    int r = hux_batch_wait_ops(b, timeout_ns);
+    unsigned seen = 0;
+    int armed = 0;
+    int r = hux_batch_wait_ops(b, timeout_ns, &armed, &seen);
 
+    if (armed) {
+        hux_sigint_disarm();
+    }
     if (r == HUX_WAIT_DONE) {
         hux_batch_goodbyes(b);
     }
@@ -909,9 +1123,11 @@ int hux_batch_test(hux_batch_t *b)
     hux_transport_t *t = b->tr;
     int n = 0;
 
+    hux_take_gone(t);
     while ((ucp_worker_progress(t->worker) != 0) && (++n < 64)) {
     }
     hux_batch_reap(b);
+    hux_batch_drop_gone(b);
     if (b->pending == 0) {
         hux_batch_goodbyes(b);
         return 1;

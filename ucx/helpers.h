@@ -17,14 +17,17 @@ enum {
     HUX_WHY_NONE     = 0, /* see hux_op_t.status */
     HUX_WHY_PEER     = 1, /* its peer's endpoint failed or was closed */
     HUX_WHY_DEADLINE = 2, /* still pending when the deadline passed */
-    HUX_WHY_ABORT    = 3  /* the transport was aborted (hux_transport_abort) */
+    HUX_WHY_ABORT    = 3, /* the transport was aborted (hux_transport_abort) */
+    HUX_WHY_SIGINT   = 4  /* a SIGINT came while the wait slept (the transport
+                             was aborted for it) */
 };
 
 /* Return values of hux_batch_wait. */
 enum {
     HUX_WAIT_DONE     = 0, /* every operation finished (each has a status) */
     HUX_WAIT_DEADLINE = 1, /* the deadline passed; the batch was aborted */
-    HUX_WAIT_ABORTED  = 2  /* hux_transport_abort was called; likewise */
+    HUX_WAIT_ABORTED  = 2, /* hux_transport_abort was called; likewise */
+    HUX_WAIT_SIGINT   = 3  /* SIGINT during a long wait; transport aborted */
 };
 
 typedef struct hux_peer {
@@ -32,8 +35,12 @@ typedef struct hux_peer {
     ucs_status_t err;    /* UCS_OK while healthy; first failure otherwise */
     int          rank;
     int          bye_sent; /* this side's goodbye has gone to the peer */
-    int32_t      bye[2];   /* and what it said (rank, HUX_BYE_*): UCX may
+    int32_t      bye[3];   /* and what it said (rank, HUX_BYE_*, the rank
+                              whose death made it abort or -1): UCX may
                               read it until the worker is destroyed */
+    int32_t      cause;    /* that third word of this peer's goodbye, or -1 */
+    int          gone;     /* 1: hux_peer_gone said its process ended (any
+                              thread); 2: the owning thread has acted on it */
 } hux_peer_t;
 
 /* A peer's goodbye: an active message (id HUX_AM_BYE) sent by a transport
@@ -46,6 +53,9 @@ typedef struct hux_peer {
 #define HUX_BYE_ABORTED         2
 #define HUX_ERR_PEER_CLOSED     ((ucs_status_t)-61)
 #define HUX_ERR_PEER_ABORTED    ((ucs_status_t)-62)
+/* The peer's process ended without a goodbye (its liveness link, outside
+ * UCX, closed: hux_peer_gone). */
+#define HUX_ERR_PEER_GONE       ((ucs_status_t)-63)
 
 typedef struct hux_transport {
     ucp_context_h context;
@@ -58,6 +68,11 @@ typedef struct hux_transport {
     int64_t       sleep_ns;    /* idle time after the spin before a wait sleeps
                                   on efd (yielding until then); < 0: never */
     int           aborted;     /* set once by hux_transport_abort, any thread */
+    int           gone;        /* set by hux_peer_gone (any thread), cleared
+                                  by the thread that acts on it */
+    int32_t       abort_cause; /* the dead rank an abort was for, or -1 */
+    int           ngone;       /* peers acted on (hux_take_gone): their
+                                  stuck sends are dropped (hux_batch_drop_gone) */
     int64_t       grace_ns;    /* how long an abort waits for cancellations */
     /* Requests UCX could not finish within an abort's grace period, and the
      * batch memory they may still read; both are released by
@@ -124,6 +139,7 @@ hux_transport_t *hux_transport_new(int rank, int size);
 void hux_transport_destroy(hux_transport_t *t);
 void hux_transport_abort(hux_transport_t *t);
 int hux_transport_aborted(hux_transport_t *t);
+void hux_peer_gone(hux_transport_t *t, int peer);
 
 /* Endpoints */
 ucs_status_t hux_ep_create(hux_transport_t *t, int peer, const void *addr,

@@ -237,7 +237,11 @@ func (b *Batch) WaitFor(timeout time.Duration) error {
 	if !b.posted {
 		return errNotPosted
 	}
-	C.hux_batch_wait(b.c, C.int64_t(timeout))
+	if C.hux_batch_wait(b.c, C.int64_t(timeout)) == C.HUX_WAIT_SIGINT {
+		// The wait aborted the transport: tell the peers now, before the
+		// caller (whose Ctrl-C this was) may leave without a destroy.
+		C.hux_say_goodbye(t.c, C.int64_t(abortGrace))
+	}
 	return b.result()
 }
 
@@ -274,7 +278,7 @@ func (b *Batch) result() error {
 		}
 	}
 	if r := int(b.c.aborted_peer); r >= 0 {
-		return &PeerError{Rank: r, Status: StatusPeerAborted}
+		return &PeerError{Rank: r, Status: StatusPeerAborted, Cause: int(b.t.peer(r).cause)}
 	}
 	return nil
 }
@@ -295,12 +299,14 @@ func (b *Batch) failure() error {
 			err = ErrTimeout
 		case op.why == C.HUX_WHY_ABORT:
 			err = ErrAborted
+		case op.why == C.HUX_WHY_SIGINT:
+			err = ErrInterrupted
 		case op.why == C.HUX_WHY_PEER:
-			err = &PeerError{Rank: info.peer, Status: Status(b.t.peer(info.peer).err)}
+			err = b.t.peerError(info.peer)
 		case st == StatusMessageTruncated:
 			err = &LengthError{Expected: info.bytes, Got: int64(op.received)}
 		case st.peerFailure():
-			err = &PeerError{Rank: info.peer, Status: st}
+			err = &PeerError{Rank: info.peer, Status: st, Cause: -1}
 		default:
 			fn := "ucp_tag_recv_nbx"
 			if info.send {

@@ -51,6 +51,29 @@ func (t *Transport) Abort() {
 	}
 }
 
+// PeerGone says that peer's process has ended: its waits and posts fail
+// with a *PeerError (StatusPeerGone) within a look at the clock, after what
+// it had sent has been read; the endpoint is force-closed. Like Abort, safe
+// from any goroutine at any time.
+func (t *Transport) PeerGone(peer int) {
+	t.abortMu.Lock()
+	defer t.abortMu.Unlock()
+	if t.c != nil {
+		C.hux_peer_gone(t.c, C.int(peer))
+	}
+}
+
+// AbortFor is Abort because peer died (its operations failed on it): the
+// goodbye this rank then sends says so, and the peers' errors name both.
+func (t *Transport) AbortFor(peer int) {
+	t.abortMu.Lock()
+	if t.c != nil && t.c.abort_cause < 0 {
+		t.c.abort_cause = C.int32_t(peer)
+	}
+	t.abortMu.Unlock()
+	t.Abort()
+}
+
 // Aborted reports whether Abort was called.
 func (t *Transport) Aborted() bool {
 	t.abortMu.Lock()

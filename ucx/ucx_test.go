@@ -732,3 +732,35 @@ func cpuTime() time.Duration {
 	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
+
+// PeerGone (a peer's liveness link closed) ends a sleeping wait at once: a
+// receive from that peer and a rendezvous send to it, which no force close
+// completes, fail naming the peer; later posts to it fail at once.
+func TestPeerGoneEndsWait(t *testing.T) {
+	a, b := openPair(t, Options{})
+	const n = 1 << 20 // rendezvous, not eager
+	src, dst := alloc(t, b, n), alloc(t, b, 64)
+	ops := prepare(t, b, []Op{{Peer: 0, Tag: 9, Segs: contig(0, 64)}, {Peer: 0, Tag: 10, Send: true, Segs: []Segment{{Base: 1, Len: n}}}})
+	if err := ops.Post([]uintptr{dst.Addr(), src.Addr()}, 0); err != nil {
+		t.Fatal(err)
+	}
+	_ = a // rank 0 never receives: only the liveness news ends the wait
+	go func() {
+		time.Sleep(100 * time.Millisecond) // long enough for the wait to sleep
+		b.PeerGone(0)
+	}()
+	start := time.Now()
+	err := ops.Wait(time.Now().Add(30 * time.Second))
+	var pe *PeerError
+	if !errors.As(err, &pe) || pe.Rank != 0 || pe.Status != StatusPeerGone {
+		t.Fatalf("got %v, want a PeerError of rank 0, StatusPeerGone", err)
+	}
+	var we *WaitError
+	if !errors.As(err, &we) || len(we.Ops) != 2 {
+		t.Fatalf("got %v, want both operations failed", err)
+	}
+	if d := time.Since(start); d > 2*time.Second {
+		t.Fatalf("the wait returned after %v", d)
+	}
+	t.Logf("after %v: %v", time.Since(start), err)
+}

@@ -6,10 +6,16 @@
  *   test_errors mismatch    3 ranks, rank 2 disagrees on the dtype, rank 1 on
  *                           the padding mode
  *   test_errors kill        2 ranks, rank 1 dies during an exchange
+ *   test_errors kill_prompt the same with a 30 s deadline and default settings:
+ *                           rank 0 must get PEER_FAILED naming rank 1 within
+ *                           3 s (the kernel closes the dead rank's liveness
+ *                           link), not a TIMEOUT at the deadline
  *   test_errors async       2 ranks: misuse of start/test/wait, destroy with an
  *                           exchange in flight
  *   test_errors async_kill  3 ranks, rank 1 dies while the others have an
  *                           exchange in flight: their waits fail in the deadline
+ *   test_errors async_kill_prompt  the same with a 30 s deadline: PEER_FAILED
+ *                           naming rank 1 within 3 s
  *   test_errors abort       2 ranks, rank 0 blocked in an exchange that rank 1
  *                           never joins; another thread aborts the communicator */
 #include <pthread.h>
@@ -224,8 +230,10 @@ static int rank_mismatch(int port) {
     return g_failures ? 1 : 0;
 }
 
-static int rank_kill(int port) {
-    const int64_t timeout_ms = 3000;
+static int rank_kill(int port, int prompt) {
+    /* prompt: a deadline far beyond the 3 s allowed, so that only finding
+     * the death (not the deadline) can pass */
+    const int64_t timeout_ms = prompt ? 30000 : 3000;
     halo_comm_t c = make_comm(port, timeout_ms);
     int64_t shape[2] = {64, 256};
     halo_plan_params_t p = params(shape);
@@ -239,15 +247,22 @@ static int rank_kill(int port) {
     double t0 = now_s();
     halo_result_t rc = halo_plan_forward(plan, x, out);
     double took = now_s() - t0;
+    halo_result_t first = rc;
+    char first_msg[512];
+    snprintf(first_msg, sizeof first_msg, "%s", halo_last_error());
     CHECK(rc == HALO_ERR_TIMEOUT || rc == HALO_ERR_PEER_FAILED, "forward with a dead peer returned %s: %s", halo_strerror(rc), halo_last_error());
     CHECK(strstr(halo_last_error(), "rank 1") != NULL, "message does not name rank 1: %s", halo_last_error());
     CHECK(took < timeout_ms / 1000.0 + 2.0, "took %.2f s for a %ld ms deadline", took, (long)timeout_ms);
+    if (prompt) {
+        CHECK(rc == HALO_ERR_PEER_FAILED, "forward with a killed peer returned %s, want PEER_FAILED: %s", halo_strerror(rc), halo_last_error());
+        CHECK(took < 3.0, "the killed peer was found after %.2f s (deadline %ld ms), want < 3 s", took, (long)timeout_ms);
+    }
     rc = halo_plan_forward(plan, x, out);
     CHECK(rc == HALO_ERR_COMM_FAILED, "after a failure: %s: %s", halo_strerror(rc), halo_last_error());
     t0 = now_s();
     HALO_OK(halo_comm_destroy(c));
     CHECK(now_s() - t0 < 5.0, "destroy took %.2f s", now_s() - t0);
-    printf("test_errors kill: rank 0 saw: %s (after %.2f s)\n", "error", took);
+    printf("test_errors kill: rank 0 saw %s after %.2f s: %s\n", halo_strerror(first), took, first_msg);
     return g_failures ? 1 : 0;
 }
 
@@ -291,8 +306,8 @@ static int rank_async(int port) {
     return g_failures ? 1 : 0;
 }
 
-static int rank_async_kill(int port) {
-    const int64_t timeout_ms = 3000;
+static int rank_async_kill(int port, int prompt) {
+    const int64_t timeout_ms = prompt ? 30000 : 3000;
     halo_comm_t c = make_comm(port, timeout_ms);
     int64_t shape[2] = {64, 256};
     halo_plan_params_t p = params(shape);
@@ -314,6 +329,11 @@ static int rank_async_kill(int port) {
     CHECK(rc == HALO_ERR_TIMEOUT || rc == HALO_ERR_PEER_FAILED, "wait with a dead peer returned %s: %s", halo_strerror(rc), halo_last_error());
     CHECK(strstr(halo_last_error(), "rank 1") != NULL, "message does not name rank 1: %s", halo_last_error());
     CHECK(took < timeout_ms / 1000.0 + 2.0, "took %.2f s for a %ld ms deadline", took, (long)timeout_ms);
+    if (prompt) {
+        /* 0.3 s of it is the rank's own computing */
+        CHECK(rc == HALO_ERR_PEER_FAILED, "wait with a killed peer returned %s, want PEER_FAILED: %s", halo_strerror(rc), halo_last_error());
+        CHECK(took < 3.0, "the killed peer was found after %.2f s (deadline %ld ms), want < 3 s", took, (long)timeout_ms);
+    }
     t0 = now_s();
     HALO_OK(halo_comm_destroy(c));
     CHECK(now_s() - t0 < 5.0, "destroy took %.2f s", now_s() - t0);
@@ -367,9 +387,10 @@ int main(int argc, char **argv) {
     if (rank_args(argc, argv, &port)) {
         if (has_flag(argc, argv, "mismatch")) return rank_mismatch(port);
         if (has_flag(argc, argv, "async")) return rank_async(port);
-        if (has_flag(argc, argv, "async_kill")) return rank_async_kill(port);
+        if (has_flag(argc, argv, "async_kill")) return rank_async_kill(port, 0);
+        if (has_flag(argc, argv, "async_kill_prompt")) return rank_async_kill(port, 1);
         if (has_flag(argc, argv, "abort")) return rank_abort(port);
-        return rank_kill(port);
+        return rank_kill(port, has_flag(argc, argv, "kill_prompt"));
     }
     if (!strcmp(mode, "args")) return test_args();
     char *extra[1] = {(char *)mode};
@@ -378,10 +399,10 @@ int main(int argc, char **argv) {
         printf("test_errors mismatch: %s\n", bad ? "FAILED" : "passed");
         return bad ? 1 : 0;
     }
-    if (!strcmp(mode, "kill")) {
+    if (!strcmp(mode, "kill") || !strcmp(mode, "kill_prompt")) {
         int sig[2] = {0, SIGKILL};
         int bad = launch(argv[0], 2, 120, sig, 1, extra);
-        printf("test_errors kill: %s\n", bad ? "FAILED" : "passed");
+        printf("test_errors %s: %s\n", mode, bad ? "FAILED" : "passed");
         return bad ? 1 : 0;
     }
     if (!strcmp(mode, "async") || !strcmp(mode, "abort")) {
@@ -389,12 +410,12 @@ int main(int argc, char **argv) {
         printf("test_errors %s: %s\n", mode, bad ? "FAILED" : "passed");
         return bad ? 1 : 0;
     }
-    if (!strcmp(mode, "async_kill")) {
+    if (!strcmp(mode, "async_kill") || !strcmp(mode, "async_kill_prompt")) {
         int sig[3] = {0, SIGKILL, 0};
         int bad = launch(argv[0], 3, 60, sig, 1, extra);
-        printf("test_errors async_kill: %s\n", bad ? "FAILED" : "passed");
+        printf("test_errors %s: %s\n", mode, bad ? "FAILED" : "passed");
         return bad ? 1 : 0;
     }
-    fprintf(stderr, "usage: %s args|mismatch|kill|async|async_kill|abort\n", argv[0]);
+    fprintf(stderr, "usage: %s args|mismatch|kill|kill_prompt|async|async_kill|async_kill_prompt|abort\n", argv[0]);
     return 2;
 }
