@@ -327,7 +327,7 @@ func createPlan(h C.uintptr_t, count int, p *C.halo_plan_params_t, out *C.halo_p
 	}
 	registry.Lock()
 	ph := newHandle(kindPlan)
-	pe := &planEntry{p: plan, comm: uintptr(h)}
+	pe := &planEntry{p: plan, comm: uintptr(h), layouts: count, halosOnly: specs[0].HalosOnly}
 	registry.plans[ph] = pe
 	e.plans[ph] = pe
 	registry.Unlock()
@@ -396,35 +396,65 @@ func readSpec(p *C.halo_plan_params_t, pre string) (halo.Spec, error) {
 	return spec, nil
 }
 
-// The plan calls, numbered as halo.Call: the blocking and the start forms
-// take the same tensors in the same order (see include/halo.h).
+// The 0.3 plan calls, numbered as halo.Call, take the tensors of their
+// exchange in the order of halo_exchange (see include/halo.h). The blocking
+// single-layout ones are halo_exchange calls in halo.c; the start forms stay
+// here, finished by halo_plan_wait or halo_plan_test, not by a request.
 
-//export haloGoPlanRun
-func haloGoPlanRun(h C.uintptr_t, call, start C.int, a, b, c unsafe.Pointer, eb *C.char, el C.size_t) C.int {
+//export haloGoPlanStart
+func haloGoPlanStart(h C.uintptr_t, call C.int, a, b, c unsafe.Pointer, eb *C.char, el C.size_t) C.int {
 	return exported(eb, el, func() error {
 		pe, err := hostPlan(uintptr(h))
 		if err != nil {
 			return err
 		}
-		return pe.p.Do(halo.Call(call), start == 0, a, b, c)
+		return pe.p.Do(halo.Call(call), false, a, b, c)
 	})
 }
 
+// haloGoPlanMulti runs the *_multi calls: the blocking ones as halo_exchange
+// (halo.c cannot lay their arrays out as its buffers: it does not know the
+// plan's number of layouts), the start forms on the plan.
+//
 //export haloGoPlanMulti
 func haloGoPlanMulti(h C.uintptr_t, call, start C.int, a, b, c *unsafe.Pointer, eb *C.char, el C.size_t) C.int {
 	return exported(eb, el, func() error {
-		pe, err := hostPlan(uintptr(h))
+		pe, err := lookupPlan(uintptr(h))
 		if err != nil {
 			return err
 		}
-		K := len(pe.p.Specs())
+		K := pe.layouts
 		var xs [3][]unsafe.Pointer
 		for i, p := range []*unsafe.Pointer{a, b, c} {
 			if p != nil {
 				xs[i] = unsafe.Slice(p, K)
 			}
 		}
-		return pe.p.DoMulti(halo.Call(call), start == 0, xs[0], xs[1], xs[2])
+		if start != 0 {
+			if _, err := hostPlan(uintptr(h)); err != nil {
+				return err
+			}
+			return pe.p.DoMulti(halo.Call(call), false, xs[0], xs[1], xs[2])
+		}
+		dir, per := halo.DirForward, 2
+		switch halo.Call(call) {
+		case halo.CallBackward:
+			dir = halo.DirBackward
+		case halo.CallHalosForward:
+			per = 3
+		case halo.CallHalosBackward:
+			dir, per = halo.DirBackward, 3
+		}
+		var bufs [3 * halo.MaxLayouts]unsafe.Pointer
+		for k := 0; k < per; k++ {
+			if xs[k] == nil {
+				return invalid("rank %d: argument %d of the multi call is NULL (an array of %d tensors, one per layout)", pe.p.Rank(), k+1, K)
+			}
+			for l, t := range xs[k] {
+				bufs[l*per+k] = t
+			}
+		}
+		return exchange(uintptr(h), C.int(dir), &bufs[0], C.size_t(per*K), 0)
 	})
 }
 

@@ -35,6 +35,9 @@ type commEntry struct {
 type planEntry struct {
 	p    *halo.Plan
 	comm uintptr
+	// What halo_exchange needs of the plan on every call, read once.
+	layouts   int
+	halosOnly bool
 	// owner is the host request whose exchange is in flight in each
 	// direction (halo.DirForward, halo.DirBackward), nil when none is.
 	owner [2]*requestEntry

@@ -123,6 +123,112 @@ func proxyOf(ce *commEntry) (*cuda.Proxy, error) {
 	return ce.proxy, nil
 }
 
+// exchangeArgs reads halo_exchange's buffers for the direction of plan pe:
+// the call it makes and the pointers as halo_exchange takes them, count of
+// them, one group of per per layout. The slice views the caller's array.
+func exchangeArgs(pe *planEntry, dir C.int, buffers *unsafe.Pointer, count C.size_t) (halo.Call, int, []unsafe.Pointer, error) {
+	call, per := halo.CallForward, 2
+	switch {
+	case halo.Direction(dir) != halo.DirForward && halo.Direction(dir) != halo.DirBackward:
+		return 0, 0, nil, invalid("direction %d is neither HALO_DIR_FORWARD (0) nor HALO_DIR_BACKWARD (1)", int(dir))
+	case pe.halosOnly && halo.Direction(dir) == halo.DirForward:
+		call, per = halo.CallHalosForward, 3
+	case pe.halosOnly:
+		call, per = halo.CallHalosBackward, 3
+	case halo.Direction(dir) == halo.DirBackward:
+		call = halo.CallBackward
+	}
+	if want := per * pe.layouts; int(count) != want || buffers == nil {
+		form := map[halo.Call]string{halo.CallForward: "x, out", halo.CallBackward: "grad_out, grad_x",
+			halo.CallHalosForward: "x, left, right", halo.CallHalosBackward: "grad_left, grad_right, grad_x"}[call]
+		if buffers == nil {
+			return 0, 0, nil, invalid("buffers is NULL; this plan's exchange takes %d pointers (%s for each of its %d layouts)", want, form, pe.layouts)
+		}
+		// The other kind's count: the caller has the other kind of plan in
+		// mind (the 0.3 halos calls on a padded plan, or the reverse).
+		kind := ""
+		if other := (5 - per) * pe.layouts; int(count) == other && pe.halosOnly {
+			kind = "; this plan is halos-only: use the halos calls"
+		} else if int(count) == other {
+			kind = "; this plan has a padded output: use forward and backward, not the halos calls"
+		}
+		return 0, 0, nil, invalid("count is %d but this plan's exchange takes %d buffers (%s for each of its %d layouts)%s", int(count), want, form, pe.layouts, kind)
+	}
+	return call, per, unsafe.Slice(buffers, int(count)), nil
+}
+
+// runExchange runs (wait) or starts the call on the plan with bufs as
+// exchangeArgs reads them: the one body of halo_exchange and
+// halo_exchange_start on the host and on a stream.
+func runExchange(p *halo.Plan, call halo.Call, per int, bufs []unsafe.Pointer, wait bool) error {
+	if len(bufs) == per { // one layout: no per-argument slices to build
+		var a2 unsafe.Pointer
+		if per == 3 {
+			a2 = bufs[2]
+		}
+		return p.Do(call, wait, bufs[0], bufs[1], a2)
+	}
+	// Per argument, one pointer per layout, as DoMulti takes them.
+	var args [3][]unsafe.Pointer
+	for k := 0; k < per; k++ {
+		for l := k; l < len(bufs); l += per {
+			args[k] = append(args[k], bufs[l])
+		}
+	}
+	return p.DoMulti(call, wait, args[0], args[1], args[2])
+}
+
+// startOnStream queues run on the stream, in the order of the proxy of
+// the plan's communicator.
+func startOnStream(pe *planEntry, stream uintptr, run func() error) (*cuda.Request, error) {
+	ce, err := lookupComm(pe.comm)
+	if err != nil {
+		return nil, err
+	}
+	px, err := proxyOf(ce)
+	if err != nil {
+		return nil, err
+	}
+	r, err := px.Start(cuda.Stream(stream), run)
+	if err != nil {
+		if errors.Is(err, cuda.ErrAborted) {
+			return nil, fmt.Errorf("rank %d: stream %#x: %w", ce.c.Config().Rank, stream, classed(err))
+		}
+		return nil, invalid("rank %d: stream %#x: %v", ce.c.Config().Rank, stream, err)
+	}
+	return r, nil
+}
+
+//export haloGoExchange
+func haloGoExchange(h C.uintptr_t, dir C.int, buffers *unsafe.Pointer, count C.size_t, stream C.uintptr_t, eb *C.char, el C.size_t) C.int {
+	return exported(eb, el, func() error { return exchange(uintptr(h), dir, buffers, count, uintptr(stream)) })
+}
+
+// exchange is halo_exchange: halo_exchange_start, a host wait and a free,
+// without the request.
+func exchange(h uintptr, dir C.int, buffers *unsafe.Pointer, count C.size_t, stream uintptr) error {
+	pe, err := lookupPlan(h)
+	if err != nil {
+		return err
+	}
+	call, per, bufs, err := exchangeArgs(pe, dir, buffers, count)
+	if err != nil {
+		return err
+	}
+	if stream == 0 {
+		if _, err := hostPlan(h); err != nil { // after the stream-ordered ones
+			return err
+		}
+		return runExchange(pe.p, call, per, bufs, true)
+	}
+	// The caller's array outlives the exchange: this call waits for it.
+	r, err := startOnStream(pe, stream, func() error { return runExchange(pe.p, call, per, bufs, true) })
+	if err != nil {
+		return err
+	}
+	return classed(r.Wait())
+}
+
 //export haloGoExchangeStart
 func haloGoExchangeStart(h C.uintptr_t, dir C.int, buffers *unsafe.Pointer, count C.size_t, stream C.uintptr_t,
 	out *C.halo_request_t, eb *C.char, el C.size_t) C.int {
@@ -134,70 +240,24 @@ func haloGoExchangeStart(h C.uintptr_t, dir C.int, buffers *unsafe.Pointer, coun
 		if out == nil {
 			return invalid("request (the output pointer) is NULL")
 		}
-		specs := pe.p.Specs()
-		call, per := halo.CallForward, 2
-		switch {
-		case halo.Direction(dir) != halo.DirForward && halo.Direction(dir) != halo.DirBackward:
-			return invalid("direction %d is neither HALO_DIR_FORWARD (0) nor HALO_DIR_BACKWARD (1)", int(dir))
-		case specs[0].HalosOnly && halo.Direction(dir) == halo.DirForward:
-			call, per = halo.CallHalosForward, 3
-		case specs[0].HalosOnly:
-			call, per = halo.CallHalosBackward, 3
-		case halo.Direction(dir) == halo.DirBackward:
-			call = halo.CallBackward
+		call, per, view, err := exchangeArgs(pe, dir, buffers, count)
+		if err != nil {
+			return err
 		}
-		if want := per * len(specs); int(count) != want || buffers == nil {
-			form := map[halo.Call]string{halo.CallForward: "x, out", halo.CallBackward: "grad_out, grad_x",
-				halo.CallHalosForward: "x, left, right", halo.CallHalosBackward: "grad_left, grad_right, grad_x"}[call]
-			if buffers == nil {
-				return invalid("buffers is NULL; this plan's exchange takes %d pointers (%s for each of its %d layouts)", want, form, len(specs))
-			}
-			return invalid("count is %d but this plan's exchange takes %d buffers (%s for each of its %d layouts)", int(count), want, form, len(specs))
-		}
-		bufs := append([]unsafe.Pointer(nil), unsafe.Slice(buffers, int(count))...)
-		// Per argument, one pointer per layout, as DoMulti takes them.
-		var args [3][]unsafe.Pointer
-		for k := 0; k < per; k++ {
-			for l := range specs {
-				args[k] = append(args[k], bufs[l*per+k])
-			}
-		}
-		run := func(wait bool) error {
-			if len(specs) == 1 {
-				var a2 unsafe.Pointer
-				if per == 3 {
-					a2 = args[2][0]
-				}
-				return pe.p.Do(call, wait, args[0][0], args[1][0], a2)
-			}
-			return pe.p.DoMulti(call, wait, args[0], args[1], args[2])
-		}
+		bufs := append([]unsafe.Pointer(nil), view...) // the exchange outlives the caller's array
 		r := &requestEntry{plan: uintptr(h), pe: pe, comm: pe.comm, dir: halo.Direction(dir)}
 		if stream == 0 {
 			if _, err := hostPlan(uintptr(h)); err != nil { // after the stream-ordered ones
 				return err
 			}
-			if err := run(false); err != nil {
+			if err := runExchange(pe.p, call, per, bufs, false); err != nil {
 				return err
 			}
 			registry.Lock()
 			pe.owner[r.dir] = r
 			registry.Unlock()
-		} else {
-			ce, err := lookupComm(pe.comm)
-			if err != nil {
-				return err
-			}
-			px, err := proxyOf(ce)
-			if err != nil {
-				return err
-			}
-			if r.stream, err = px.Start(cuda.Stream(uintptr(stream)), func() error { return run(true) }); err != nil {
-				if errors.Is(err, cuda.ErrAborted) {
-					return fmt.Errorf("rank %d: stream %#x: %w", ce.c.Config().Rank, uintptr(stream), classed(err))
-				}
-				return invalid("rank %d: stream %#x: %v", ce.c.Config().Rank, uintptr(stream), err)
-			}
+		} else if r.stream, err = startOnStream(pe, uintptr(stream), func() error { return runExchange(pe.p, call, per, bufs, true) }); err != nil {
+			return err
 		}
 		registry.Lock()
 		rh := newHandle(kindRequest)
