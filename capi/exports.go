@@ -17,7 +17,6 @@ import (
 	"unsafe"
 
 	"github.com/halo-cp/halo/comm"
-	"github.com/halo-cp/halo/cuda"
 	"github.com/halo-cp/halo/halo"
 )
 
@@ -251,17 +250,14 @@ func haloGoCommDestroy(h C.uintptr_t, eb *C.char, el C.size_t) C.int {
 		for ph := range e.plans {
 			delete(registry.plans, ph)
 		}
-		endRequests(uintptr(h), e.c.Rank())
 		registry.Unlock()
+		e.c.EndRequests(destroyedComm(e.c.Rank()))
 		if inherited(e) {
 			return nil // the parent's: forgotten here, untouched there
 		}
-		var first error
-		if e.proxy != nil {
-			// Its queued exchanges use the plans: they end first (abort
-			// the communicator to make them fail at once).
-			first = e.proxy.Close()
-		}
+		// Its queued exchanges use the plans: they end first (abort the
+		// communicator to make them fail at once).
+		first := e.c.CloseProxy()
 		for _, pe := range e.plans {
 			if err := pe.p.Close(); err != nil && first == nil {
 				first = err
@@ -327,7 +323,7 @@ func createPlan(h C.uintptr_t, count int, p *C.halo_plan_params_t, out *C.halo_p
 	}
 	registry.Lock()
 	ph := newHandle(kindPlan)
-	pe := &planEntry{p: plan, comm: uintptr(h), layouts: count, halosOnly: specs[0].HalosOnly}
+	pe := &planEntry{p: plan, c: e.c, comm: uintptr(h), layouts: count, halosOnly: specs[0].HalosOnly}
 	registry.plans[ph] = pe
 	e.plans[ph] = pe
 	registry.Unlock()
@@ -461,7 +457,7 @@ func haloGoPlanMulti(h C.uintptr_t, call, start C.int, a, b, c *unsafe.Pointer, 
 //export haloGoPlanTest
 func haloGoPlanTest(h C.uintptr_t, dir C.int, done *C.int, eb *C.char, el C.size_t) C.int {
 	return exported(eb, el, func() error {
-		pe, quiet, err := hostPlanNow(uintptr(h))
+		pe, err := lookupPlan(uintptr(h))
 		if err != nil {
 			return err
 		}
@@ -471,7 +467,7 @@ func haloGoPlanTest(h C.uintptr_t, dir C.int, done *C.int, eb *C.char, el C.size
 		if err := ownedExchange(pe, dir); err != nil {
 			return err
 		}
-		if !quiet {
+		if !pe.c.Quiet() { // the stream-ordered exchanges progress it
 			*done = 0
 			return nil
 		}
@@ -507,13 +503,7 @@ func haloGoCommAbort(h C.uintptr_t, eb *C.char, el C.size_t) C.int {
 		if err != nil {
 			return err
 		}
-		registry.Lock()
-		proxy := e.proxy
-		registry.Unlock()
-		if proxy != nil {
-			proxy.Abort() // before the communicator: no queued exchange begins on it
-		}
-		e.c.Abort()
+		e.c.Abort() // the queued stream-ordered exchanges first
 		return nil
 	})
 }
@@ -523,13 +513,12 @@ func haloGoPlanDestroy(h C.uintptr_t, eb *C.char, el C.size_t) C.int {
 	return exported(eb, el, func() error {
 		registry.Lock()
 		pe, ok := registry.plans[uintptr(h)]
-		var proxy *cuda.Proxy
 		local := false
 		if ok {
 			delete(registry.plans, uintptr(h))
 			if ce, ok := registry.comms[pe.comm]; ok {
 				delete(ce.plans, uintptr(h))
-				proxy, local = ce.proxy, inherited(ce)
+				local = inherited(ce)
 			}
 		}
 		registry.Unlock()
@@ -537,11 +526,9 @@ func haloGoPlanDestroy(h C.uintptr_t, eb *C.char, el C.size_t) C.int {
 			return badHandle(uintptr(h), "plan", kindPlan)
 		}
 		if local {
-			return nil // a forked child's: as haloGoCommDestroy
+			pe.c.ForgetPlan(pe.p) // a forked child's: as haloGoCommDestroy
+			return nil
 		}
-		if proxy != nil {
-			proxy.Idle() // stream-ordered exchanges queued on the plan end first
-		}
-		return pe.p.Close()
+		return pe.c.ClosePlan(pe.p) // after the stream-ordered exchanges queued on it
 	})
 }

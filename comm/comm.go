@@ -31,6 +31,7 @@ type Comm struct {
 	// (rendezvous.Present); failure is why the server then failed the job.
 	presence *rendezvous.Presence
 	failure  atomic.Pointer[string]
+	st       streams // the proxy and the requests (requests.go)
 }
 
 // New opens the transport and, with the rendezvous bootstrap, connects
@@ -214,6 +215,7 @@ func (c *Comm) MemoryTypes() uint64 {
 // halo.ErrFailed within milliseconds (UCX's waits are woken), after which
 // Close is immediate.
 func (c *Comm) Abort() {
+	c.abortProxy() // first: no queued stream-ordered exchange begins on it
 	c.t.Abort()
 	// Peers hear of it as soon as the wait that holds the transport ends.
 	go c.t.Goodbye()
@@ -225,9 +227,12 @@ func (c *Comm) Abort() {
 	}
 }
 
-// Close releases the transport; plans made on it must be closed first.
-// Safe to call twice.
+// Close ends the requests and the proxy (the queued stream-ordered
+// exchanges run first), then releases the transport; plans made on it must
+// be closed before (CloseProxy, then the plans, then Close, where exchanges
+// may be queued on them). Safe to call twice.
 func (c *Comm) Close() error {
+	perr := c.closeProxy()
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
@@ -237,7 +242,10 @@ func (c *Comm) Close() error {
 	if c.presence != nil {
 		c.presence.Close()
 	}
-	return classify(c.t.Close())
+	if err := classify(c.t.Close()); err != nil {
+		return err
+	}
+	return perr
 }
 
 // wire adapts ucx.Transport, which knows nothing of halo, to the
