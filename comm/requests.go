@@ -32,6 +32,10 @@ type streams struct {
 	// gone, once set, is why every request has ended (its communicator
 	// was closed): every later call on one but Free returns it.
 	gone error
+	// detached holds the host requests freed before their exchange ended,
+	// in the order they were freed: the next call that blocks on the
+	// host finishes them first (Quiesce), a request's Test progresses them.
+	detached []*Request
 }
 
 // Request is one exchange started by Start: on the host (the plan's own
@@ -127,8 +131,11 @@ func runExchange(p *halo.Plan, d halo.Direction, bufs []unsafe.Pointer, wait boo
 	return p.DoMulti(call, wait, args[0], args[1], args[2])
 }
 
-// startOnStream queues run on the stream, in the proxy's order.
+// startOnStream queues run on the stream, in the proxy's order. A host
+// exchange whose request was freed is finished first: the proxy must not
+// drive the communicator while the host has one to finish.
 func (c *Comm) startOnStream(stream uintptr, run func() error) (*cuda.Request, error) {
+	c.settleDetached(true)
 	px, err := c.proxy()
 	if err != nil {
 		return nil, err
@@ -172,11 +179,43 @@ func (c *Comm) currentProxy() *cuda.Proxy {
 }
 
 // Quiesce waits for the stream-ordered exchanges queued on the
-// communicator: a call on the host does, before it drives the communicator
-// (one goroutine at a time may) and takes its call number after theirs.
+// communicator, and finishes the host exchanges whose requests were freed
+// before they ended: a call on the host does, before it drives the
+// communicator (one goroutine at a time may) and takes its call number
+// after theirs.
 func (c *Comm) Quiesce() {
 	if px := c.currentProxy(); px != nil {
 		px.Idle()
+	}
+	c.settleDetached(true)
+}
+
+// settleDetached finishes the freed host requests' exchanges (wait: Wait
+// on each, else Test, keeping those not done). Their results are nobody's:
+// an exchange that fails its communicator says so in every later call.
+func (c *Comm) settleDetached(wait bool) {
+	c.st.mu.Lock()
+	list := c.st.detached
+	c.st.detached = nil
+	c.st.mu.Unlock()
+	var left []*Request
+	for _, r := range list {
+		switch {
+		case r.ended || r.planGone:
+		case wait:
+			r.end(r.p.Wait(r.dir))
+		default:
+			if ok, err := r.p.Test(r.dir); ok || err != nil {
+				r.end(err)
+			} else {
+				left = append(left, r)
+			}
+		}
+	}
+	if len(left) > 0 {
+		c.st.mu.Lock()
+		c.st.detached = append(left, c.st.detached...)
+		c.st.mu.Unlock()
 	}
 }
 
@@ -201,10 +240,12 @@ func (c *Comm) Owned(p *halo.Plan, d halo.Direction) bool {
 }
 
 // ClosePlan closes p once the stream-ordered exchanges queued on it have
-// ended; a host request whose exchange was in flight on it ends, saying so.
+// ended; a host request whose exchange was in flight on it ends, saying so,
+// and its exchange is cancelled (a freed one's too: a destroy never waits
+// for the wire).
 func (c *Comm) ClosePlan(p *halo.Plan) error {
-	c.Quiesce()
 	c.ForgetPlan(p)
+	c.Quiesce()
 	return p.Close()
 }
 
@@ -232,6 +273,7 @@ func (c *Comm) EndRequests(why error) {
 	if c.st.gone == nil {
 		c.st.gone = why
 	}
+	c.st.detached = nil // the plans' close cancels their exchanges
 }
 
 // closeProxy ends the requests (if EndRequests has not) and the proxy,
@@ -320,6 +362,7 @@ func (r *Request) Test() (done bool, err error) {
 	if !r.c.Quiet() {
 		return false, nil
 	}
+	r.c.settleDetached(false)
 	ok, err := r.p.Test(r.dir)
 	if ok || err != nil {
 		return true, r.end(err)
@@ -360,19 +403,20 @@ func (r *Request) WaitOn(stream uintptr) error {
 // Stream reports whether the request is stream-ordered.
 func (r *Request) Stream() bool { return r.stream != nil }
 
-// ErrNotEnded is Free's error for a request whose exchange has not ended.
-var ErrNotEnded = fmt.Errorf("%w: the request's exchange has not ended (wait for it first)", halo.ErrState)
-
-// Free releases a request whose exchange has ended (else ErrNotEnded,
-// and the request stays).
+// Free releases the request, as ucp_request_free does: one whose exchange
+// has not ended is released when it ends, and its result is then nobody's
+// (an exchange that fails its communicator says so in every later call).
+// A stream-ordered exchange ends on the proxy; a host one is finished by
+// the next call that blocks on the host (Quiesce), or progressed by another
+// request's Test. The request is not used after Free.
 func (r *Request) Free() error {
-	if ok, _ := r.Test(); !ok {
-		return ErrNotEnded
+	if ok, _ := r.Test(); ok {
+		return nil // a stream-ordered request holds nothing more (its event went when the proxy had waited)
 	}
-	if r.stream != nil {
-		if err := r.stream.Free(); err != nil && !errors.Is(err, cuda.ErrNotDone) {
-			return err
-		}
+	if r.stream == nil {
+		r.c.st.mu.Lock()
+		r.c.st.detached = append(r.c.st.detached, r)
+		r.c.st.mu.Unlock()
 	}
 	return nil
 }

@@ -576,8 +576,17 @@ halo_result_t halo_request_test(halo_request_t request, int *done);
 halo_result_t halo_request_wait(halo_request_t request, void *stream);
 
 /**
- * @brief Release a request. A request whose exchange has not ended is
- * refused with HALO_ERR_INVALID_STATE and stays valid (wait for it first).
+ * @brief Release a request, as ucp_request_free does: the handle is invalid
+ * from now on, and a request whose exchange has not ended is released when
+ * it ends. Its result is then reported to nobody (an exchange that fails its
+ * communicator makes every later call fail with HALO_ERR_COMM_FAILED), and
+ * its tensors belong to the exchange until it has ended: a stream-ordered
+ * one ends on the proxy, ahead of the later work of its stream (and of the
+ * streams told to wait for it); one without a stream is finished by the
+ * next call on the communicator that blocks on the host (a blocking
+ * exchange, a start, a host wait, a plan's creation), and progressed by
+ * halo_request_test of another request. halo_plan_destroy cancels it, as
+ * any exchange in flight on the plan.
  */
 halo_result_t halo_request_free(halo_request_t request);
 
