@@ -17,7 +17,6 @@ import (
 	"unsafe"
 
 	"github.com/halo-cp/halo/comm"
-	"github.com/halo-cp/halo/cuda"
 	"github.com/halo-cp/halo/halo"
 )
 
@@ -251,17 +250,14 @@ func haloGoCommDestroy(h C.uintptr_t, eb *C.char, el C.size_t) C.int {
 		for ph := range e.plans {
 			delete(registry.plans, ph)
 		}
-		endRequests(uintptr(h), e.c.Rank())
 		registry.Unlock()
+		e.c.EndRequests(destroyedComm(e.c.Rank()))
 		if inherited(e) {
 			return nil // the parent's: forgotten here, untouched there
 		}
-		var first error
-		if e.proxy != nil {
-			// Its queued exchanges use the plans: they end first (abort
-			// the communicator to make them fail at once).
-			first = e.proxy.Close()
-		}
+		// Its queued exchanges use the plans: they end first (abort the
+		// communicator to make them fail at once).
+		first := e.c.CloseProxy()
 		for _, pe := range e.plans {
 			if err := pe.p.Close(); err != nil && first == nil {
 				first = err
@@ -327,7 +323,7 @@ func createPlan(h C.uintptr_t, count int, p *C.halo_plan_params_t, out *C.halo_p
 	}
 	registry.Lock()
 	ph := newHandle(kindPlan)
-	pe := &planEntry{p: plan, comm: uintptr(h)}
+	pe := &planEntry{p: plan, c: e.c, comm: uintptr(h), layouts: count, halosOnly: specs[0].HalosOnly}
 	registry.plans[ph] = pe
 	e.plans[ph] = pe
 	registry.Unlock()
@@ -396,42 +392,72 @@ func readSpec(p *C.halo_plan_params_t, pre string) (halo.Spec, error) {
 	return spec, nil
 }
 
-// The plan calls, numbered as halo.Call: the blocking and the start forms
-// take the same tensors in the same order (see include/halo.h).
+// The 0.3 plan calls, numbered as halo.Call, take the tensors of their
+// exchange in the order of halo_exchange (see include/halo.h). The blocking
+// single-layout ones are halo_exchange calls in halo.c; the start forms stay
+// here, finished by halo_plan_wait or halo_plan_test, not by a request.
 
-//export haloGoPlanRun
-func haloGoPlanRun(h C.uintptr_t, call, start C.int, a, b, c unsafe.Pointer, eb *C.char, el C.size_t) C.int {
+//export haloGoPlanStart
+func haloGoPlanStart(h C.uintptr_t, call C.int, a, b, c unsafe.Pointer, eb *C.char, el C.size_t) C.int {
 	return exported(eb, el, func() error {
 		pe, err := hostPlan(uintptr(h))
 		if err != nil {
 			return err
 		}
-		return pe.p.Do(halo.Call(call), start == 0, a, b, c)
+		return pe.p.Do(halo.Call(call), false, a, b, c)
 	})
 }
 
+// haloGoPlanMulti runs the *_multi calls: the blocking ones as halo_exchange
+// (halo.c cannot lay their arrays out as its buffers: it does not know the
+// plan's number of layouts), the start forms on the plan.
+//
 //export haloGoPlanMulti
 func haloGoPlanMulti(h C.uintptr_t, call, start C.int, a, b, c *unsafe.Pointer, eb *C.char, el C.size_t) C.int {
 	return exported(eb, el, func() error {
-		pe, err := hostPlan(uintptr(h))
+		pe, err := lookupPlan(uintptr(h))
 		if err != nil {
 			return err
 		}
-		K := len(pe.p.Specs())
+		K := pe.layouts
 		var xs [3][]unsafe.Pointer
 		for i, p := range []*unsafe.Pointer{a, b, c} {
 			if p != nil {
 				xs[i] = unsafe.Slice(p, K)
 			}
 		}
-		return pe.p.DoMulti(halo.Call(call), start == 0, xs[0], xs[1], xs[2])
+		if start != 0 {
+			if _, err := hostPlan(uintptr(h)); err != nil {
+				return err
+			}
+			return pe.p.DoMulti(halo.Call(call), false, xs[0], xs[1], xs[2])
+		}
+		dir, per := halo.DirForward, 2
+		switch halo.Call(call) {
+		case halo.CallBackward:
+			dir = halo.DirBackward
+		case halo.CallHalosForward:
+			per = 3
+		case halo.CallHalosBackward:
+			dir, per = halo.DirBackward, 3
+		}
+		var bufs [3 * halo.MaxLayouts]unsafe.Pointer
+		for k := 0; k < per; k++ {
+			if xs[k] == nil {
+				return invalid("rank %d: argument %d of the multi call is NULL (an array of %d tensors, one per layout)", pe.p.Rank(), k+1, K)
+			}
+			for l, t := range xs[k] {
+				bufs[l*per+k] = t
+			}
+		}
+		return exchange(uintptr(h), C.int(dir), &bufs[0], C.size_t(per*K), 0)
 	})
 }
 
 //export haloGoPlanTest
 func haloGoPlanTest(h C.uintptr_t, dir C.int, done *C.int, eb *C.char, el C.size_t) C.int {
 	return exported(eb, el, func() error {
-		pe, quiet, err := hostPlanNow(uintptr(h))
+		pe, err := lookupPlan(uintptr(h))
 		if err != nil {
 			return err
 		}
@@ -441,7 +467,7 @@ func haloGoPlanTest(h C.uintptr_t, dir C.int, done *C.int, eb *C.char, el C.size
 		if err := ownedExchange(pe, dir); err != nil {
 			return err
 		}
-		if !quiet {
+		if !pe.c.Quiet() { // the stream-ordered exchanges progress it
 			*done = 0
 			return nil
 		}
@@ -477,13 +503,7 @@ func haloGoCommAbort(h C.uintptr_t, eb *C.char, el C.size_t) C.int {
 		if err != nil {
 			return err
 		}
-		registry.Lock()
-		proxy := e.proxy
-		registry.Unlock()
-		if proxy != nil {
-			proxy.Abort() // before the communicator: no queued exchange begins on it
-		}
-		e.c.Abort()
+		e.c.Abort() // the queued stream-ordered exchanges first
 		return nil
 	})
 }
@@ -493,13 +513,12 @@ func haloGoPlanDestroy(h C.uintptr_t, eb *C.char, el C.size_t) C.int {
 	return exported(eb, el, func() error {
 		registry.Lock()
 		pe, ok := registry.plans[uintptr(h)]
-		var proxy *cuda.Proxy
 		local := false
 		if ok {
 			delete(registry.plans, uintptr(h))
 			if ce, ok := registry.comms[pe.comm]; ok {
 				delete(ce.plans, uintptr(h))
-				proxy, local = ce.proxy, inherited(ce)
+				local = inherited(ce)
 			}
 		}
 		registry.Unlock()
@@ -507,11 +526,9 @@ func haloGoPlanDestroy(h C.uintptr_t, eb *C.char, el C.size_t) C.int {
 			return badHandle(uintptr(h), "plan", kindPlan)
 		}
 		if local {
-			return nil // a forked child's: as haloGoCommDestroy
+			pe.c.ForgetPlan(pe.p) // a forked child's: as haloGoCommDestroy
+			return nil
 		}
-		if proxy != nil {
-			proxy.Idle() // stream-ordered exchanges queued on the plan end first
-		}
-		return pe.p.Close()
+		return pe.c.ClosePlan(pe.p) // after the stream-ordered exchanges queued on it
 	})
 }

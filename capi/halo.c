@@ -81,36 +81,44 @@ halo_result_t halo_plan_create(halo_comm_t comm, const halo_plan_params_t *param
     return (halo_result_t)haloGoPlanCreate((uintptr_t)comm, (halo_plan_params_t *)params, plan, error_buffer(), HALO_ERRLEN);
 }
 
+/* The 0.3 blocking calls: halo_exchange with their tensors as its buffers. */
 halo_result_t halo_plan_forward(halo_plan_t plan, const void *x, void *out) {
-    return (halo_result_t)haloGoPlanRun((uintptr_t)plan, HALO_CALL_FORWARD, 0, (void *)x, out, NULL, error_buffer(), HALO_ERRLEN);
+    void *b[2] = {(void *)x, out};
+    return halo_exchange(plan, HALO_DIR_FORWARD, b, 2, NULL);
 }
 
 halo_result_t halo_plan_backward(halo_plan_t plan, const void *grad_out, void *grad_x) {
-    return (halo_result_t)haloGoPlanRun((uintptr_t)plan, HALO_CALL_BACKWARD, 0, (void *)grad_out, grad_x, NULL, error_buffer(), HALO_ERRLEN);
+    void *b[2] = {(void *)grad_out, grad_x};
+    return halo_exchange(plan, HALO_DIR_BACKWARD, b, 2, NULL);
 }
 
 halo_result_t halo_plan_halos_forward(halo_plan_t plan, const void *x, void *left, void *right) {
-    return (halo_result_t)haloGoPlanRun((uintptr_t)plan, HALO_CALL_HALOS_FORWARD, 0, (void *)x, left, right, error_buffer(), HALO_ERRLEN);
+    void *b[3] = {(void *)x, left, right};
+    return halo_exchange(plan, HALO_DIR_FORWARD, b, 3, NULL);
 }
 
 halo_result_t halo_plan_halos_backward(halo_plan_t plan, const void *grad_left, const void *grad_right, void *grad_x) {
-    return (halo_result_t)haloGoPlanRun((uintptr_t)plan, HALO_CALL_HALOS_BACKWARD, 0, (void *)grad_left, (void *)grad_right, grad_x, error_buffer(), HALO_ERRLEN);
+    void *b[3] = {(void *)grad_left, (void *)grad_right, grad_x};
+    return halo_exchange(plan, HALO_DIR_BACKWARD, b, 3, NULL);
 }
 
+/* The 0.3 start forms are not halo_exchange_start: their exchange is
+ * finished by halo_plan_wait or halo_plan_test, which refuse one that a
+ * request owns. */
 halo_result_t halo_plan_forward_start(halo_plan_t plan, const void *x, void *out) {
-    return (halo_result_t)haloGoPlanRun((uintptr_t)plan, HALO_CALL_FORWARD, 1, (void *)x, out, NULL, error_buffer(), HALO_ERRLEN);
+    return (halo_result_t)haloGoPlanStart((uintptr_t)plan, HALO_CALL_FORWARD, (void *)x, out, NULL, error_buffer(), HALO_ERRLEN);
 }
 
 halo_result_t halo_plan_backward_start(halo_plan_t plan, const void *grad_out, void *grad_x) {
-    return (halo_result_t)haloGoPlanRun((uintptr_t)plan, HALO_CALL_BACKWARD, 1, (void *)grad_out, grad_x, NULL, error_buffer(), HALO_ERRLEN);
+    return (halo_result_t)haloGoPlanStart((uintptr_t)plan, HALO_CALL_BACKWARD, (void *)grad_out, grad_x, NULL, error_buffer(), HALO_ERRLEN);
 }
 
 halo_result_t halo_plan_halos_forward_start(halo_plan_t plan, const void *x, void *left, void *right) {
-    return (halo_result_t)haloGoPlanRun((uintptr_t)plan, HALO_CALL_HALOS_FORWARD, 1, (void *)x, left, right, error_buffer(), HALO_ERRLEN);
+    return (halo_result_t)haloGoPlanStart((uintptr_t)plan, HALO_CALL_HALOS_FORWARD, (void *)x, left, right, error_buffer(), HALO_ERRLEN);
 }
 
 halo_result_t halo_plan_halos_backward_start(halo_plan_t plan, const void *grad_left, const void *grad_right, void *grad_x) {
-    return (halo_result_t)haloGoPlanRun((uintptr_t)plan, HALO_CALL_HALOS_BACKWARD, 1, (void *)grad_left, (void *)grad_right, grad_x, error_buffer(), HALO_ERRLEN);
+    return (halo_result_t)haloGoPlanStart((uintptr_t)plan, HALO_CALL_HALOS_BACKWARD, (void *)grad_left, (void *)grad_right, grad_x, error_buffer(), HALO_ERRLEN);
 }
 
 halo_result_t halo_plan_test(halo_plan_t plan, halo_direction_t direction, int *done) {
@@ -150,6 +158,10 @@ HALO_MULTI(halo_plan_halos_backward_multi_start, HALO_CALL_HALOS_BACKWARD, 1, co
 
 halo_result_t halo_plan_destroy(halo_plan_t plan) {
     return (halo_result_t)haloGoPlanDestroy((uintptr_t)plan, error_buffer(), HALO_ERRLEN);
+}
+
+halo_result_t halo_exchange(halo_plan_t plan, halo_direction_t direction, void *const *buffers, size_t count, void *stream) {
+    return (halo_result_t)haloGoExchange((uintptr_t)plan, (int)direction, (void **)buffers, count, (uintptr_t)stream, error_buffer(), HALO_ERRLEN);
 }
 
 halo_result_t halo_exchange_start(halo_plan_t plan, halo_direction_t direction, void *const *buffers, size_t count,

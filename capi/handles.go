@@ -7,7 +7,6 @@ import (
 	"unsafe"
 
 	"github.com/halo-cp/halo/comm"
-	"github.com/halo-cp/halo/cuda"
 	"github.com/halo-cp/halo/halo"
 )
 
@@ -24,7 +23,6 @@ type commEntry struct {
 	c       *comm.Comm
 	plans   map[uintptr]*planEntry
 	address unsafe.Pointer // C copy of the worker address, made on demand
-	proxy   *cuda.Proxy    // runs stream-ordered exchanges; made on the first
 	// pid is the process that made the communicator. A forked child
 	// inherits the registry but not the communicator: its transport's
 	// endpoints, shared memory and epoll sets are the parent's, so the
@@ -34,10 +32,11 @@ type commEntry struct {
 
 type planEntry struct {
 	p    *halo.Plan
-	comm uintptr
-	// owner is the host request whose exchange is in flight in each
-	// direction (halo.DirForward, halo.DirBackward), nil when none is.
-	owner [2]*requestEntry
+	c    *comm.Comm // the communicator the plan was made on
+	comm uintptr    // its handle
+	// What halo_exchange needs of the plan on every call, read once.
+	layouts   int
+	halosOnly bool
 }
 
 var registry = struct {
@@ -45,8 +44,8 @@ var registry = struct {
 	next     uint64
 	comms    map[uintptr]*commEntry
 	plans    map[uintptr]*planEntry
-	requests map[uintptr]*requestEntry
-}{next: 1, comms: map[uintptr]*commEntry{}, plans: map[uintptr]*planEntry{}, requests: map[uintptr]*requestEntry{}}
+	requests map[uintptr]*comm.Request
+}{next: 1, comms: map[uintptr]*commEntry{}, plans: map[uintptr]*planEntry{}, requests: map[uintptr]*comm.Request{}}
 
 func newHandle(kind uint64) uintptr {
 	h := uintptr(kind<<56 | registry.next)
@@ -84,58 +83,26 @@ func lookupPlan(h uintptr) (*planEntry, error) {
 	return nil, badHandle(h, "plan", kindPlan)
 }
 
-// hostPlan is lookupPlan for a call that runs on the caller's thread. It
+// hostPlan is lookupPlan for a call that runs on the caller's thread: it
 // first waits for the stream-ordered exchanges queued on the plan's
-// communicator: the proxy thread then no longer drives the communicator
-// (one thread at a time may), and the call takes its call number after
-// theirs, in the order the caller made the calls, which every rank shares
-// (messages are matched across ranks by that number).
+// communicator (comm.Comm.Quiesce), so that the call takes its number after
+// theirs, in the order the caller made the calls, which every rank shares.
 func hostPlan(h uintptr) (*planEntry, error) {
-	pe, px, err := planAndProxy(h)
-	if px != nil {
-		px.Idle()
+	pe, err := lookupPlan(h)
+	if err == nil {
+		pe.c.Quiesce()
 	}
 	return pe, err
-}
-
-// hostPlanNow is hostPlan for the calls that must not block (tests): quiet
-// is false, and the caller does nothing, while stream-ordered exchanges are
-// queued on the communicator (they progress its host requests too).
-func hostPlanNow(h uintptr) (pe *planEntry, quiet bool, err error) {
-	pe, px, err := planAndProxy(h)
-	return pe, px == nil || px.Quiet(), err
-}
-
-func planAndProxy(h uintptr) (*planEntry, *cuda.Proxy, error) {
-	registry.Lock()
-	defer registry.Unlock()
-	pe, ok := registry.plans[h]
-	if !ok {
-		return nil, nil, badHandle(h, "plan", kindPlan)
-	}
-	if ce := registry.comms[pe.comm]; ce != nil {
-		return pe, ce.proxy, nil
-	}
-	return pe, nil, nil
 }
 
 // hostComm is lookupComm for a call on the caller's thread that drives the
 // communicator (connecting, creating a plan): as hostPlan.
 func hostComm(h uintptr) (*commEntry, error) {
-	registry.Lock()
-	e, ok := registry.comms[h]
-	var px *cuda.Proxy
-	if ok {
-		px = e.proxy
+	e, err := lookupComm(h)
+	if err == nil {
+		e.c.Quiesce()
 	}
-	registry.Unlock()
-	if !ok {
-		return nil, badHandle(h, "communicator", kindComm)
-	}
-	if px != nil {
-		px.Idle()
-	}
-	return e, nil
+	return e, err
 }
 
 func badHandle(h uintptr, want string, kind uint64) error {

@@ -34,6 +34,7 @@ type Comm struct {
 	// live holds a link to every peer that tells of its death at once
 	// (liveness.go); nil for world size 1 or where no listener opened.
 	live *liveness
+	st   streams // the proxy and the requests (requests.go)
 }
 
 // New opens the transport and, with the rendezvous bootstrap, connects
@@ -219,6 +220,7 @@ func (c *Comm) MemoryTypes() uint64 {
 // halo.ErrFailed within milliseconds (UCX's waits are woken), after which
 // Close is immediate.
 func (c *Comm) Abort() {
+	c.abortProxy() // first: no queued stream-ordered exchange begins on it
 	c.t.Abort()
 	// Peers hear of it as soon as the wait that holds the transport ends.
 	go c.t.Goodbye()
@@ -242,9 +244,12 @@ func (c *Comm) sawDeath(peer int) {
 	c.t.Goodbye()
 }
 
-// Close releases the transport; plans made on it must be closed first.
-// Safe to call twice.
+// Close ends the requests and the proxy (the queued stream-ordered
+// exchanges run first), then releases the transport; plans made on it must
+// be closed before (CloseProxy, then the plans, then Close, where exchanges
+// may be queued on them). Safe to call twice.
 func (c *Comm) Close() error {
+	perr := c.closeProxy()
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
@@ -257,7 +262,10 @@ func (c *Comm) Close() error {
 	// The liveness goodbye first: the peers then take the links' end for
 	// a close, not a death, and hear the rest from UCX's goodbye.
 	c.live.close(!c.t.Aborted())
-	return classify(c.t.Close())
+	if err := classify(c.t.Close()); err != nil {
+		return err
+	}
+	return perr
 }
 
 // wire adapts ucx.Transport, which knows nothing of halo, to the

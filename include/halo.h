@@ -3,9 +3,11 @@
  *
  * A communicator connects the ranks of one context-parallel group; a plan is
  * made once per tensor layout (collectively, like an FFT plan) and run every
- * step: halo_plan_forward fills the halos of a padded output with the
- * neighbours' boundary slices, halo_plan_backward sends the halo gradients
- * back and adds them into the owners' input gradient.
+ * step through one call pair, halo_exchange (blocking) and
+ * halo_exchange_start (which returns a request): the forward direction fills
+ * the halos of a padded output with the neighbours' boundary slices, the
+ * backward direction sends the halo gradients back and adds them into the
+ * owners' input gradient.
  *
  * Thread safety: a communicator and its plans may be used by one thread at a
  * time; different communicators are independent. The one exception is
@@ -124,6 +126,19 @@ typedef enum halo_bootstrap {
     HALO_BOOTSTRAP_RENDEZVOUS = 0, /**< TCP rendezvous hosted by rank 0 (default) */
     HALO_BOOTSTRAP_EXTERNAL   = 1  /**< caller exchanges addresses: halo_comm_get_address + halo_comm_connect */
 } halo_bootstrap_t;
+
+/**
+ * @brief Marks the 0.3 plan calls, which halo_exchange and
+ * halo_exchange_start replace. They stay, and keep working, within major
+ * version 0; a caller that wants the compiler to find its uses of them
+ * defines HALO_WARN_DEPRECATED before including this header (off by
+ * default, so that builds with -Werror keep building).
+ */
+#if defined(HALO_WARN_DEPRECATED) && (defined(__GNUC__) || defined(__clang__))
+#define HALO_DEPRECATED __attribute__((deprecated("use halo_exchange or halo_exchange_start")))
+#else
+#define HALO_DEPRECATED
+#endif
 
 typedef struct halo_comm *halo_comm_t; /**< opaque communicator handle */
 typedef struct halo_plan *halo_plan_t; /**< opaque plan handle */
@@ -366,56 +381,64 @@ halo_result_t halo_comm_abort(halo_comm_t comm);
 halo_result_t halo_plan_create(halo_comm_t comm, const halo_plan_params_t *params, halo_plan_t *plan);
 
 /**
- * @brief out = [left halo | x | right halo] along dim; slices outside the
- * global sequence are zeros. x may be the interior of out (out + left slices,
- * same strides): it is then not copied. Collective.
+ * @brief Deprecated (0.3): halo_exchange(plan, HALO_DIR_FORWARD, {x, out}, 2,
+ * NULL), which it calls. out = [left halo | x | right halo] along dim;
+ * slices outside the global sequence are zeros. x may be the interior of out
+ * (out + left slices, same strides): it is then not copied. Collective.
  */
-halo_result_t halo_plan_forward(halo_plan_t plan, const void *x, void *out);
+HALO_DEPRECATED halo_result_t halo_plan_forward(halo_plan_t plan, const void *x, void *out);
 
 /**
- * @brief grad_x = interior of grad_out + the halo gradients of the ranks that
- * received x's slices, added in the tensor's dtype in the reference order.
- * grad_x may be the interior of grad_out. Collective.
+ * @brief Deprecated (0.3): halo_exchange(plan, HALO_DIR_BACKWARD, {grad_out,
+ * grad_x}, 2, NULL). grad_x = interior of grad_out + the halo gradients of
+ * the ranks that received x's slices, added in the tensor's dtype in the
+ * reference order. grad_x may be the interior of grad_out. Collective.
  */
-halo_result_t halo_plan_backward(halo_plan_t plan, const void *grad_out, void *grad_x);
+HALO_DEPRECATED halo_result_t halo_plan_backward(halo_plan_t plan, const void *grad_out, void *grad_x);
 
 /**
- * @brief The halos-only forward: left and right receive the slices before and
- * after x in the global sequence (zeros outside it). Collective.
+ * @brief Deprecated (0.3): halo_exchange(plan, HALO_DIR_FORWARD, {x, left,
+ * right}, 3, NULL). The halos-only forward: left and right receive the
+ * slices before and after x in the global sequence (zeros outside it).
+ * Collective.
  */
-halo_result_t halo_plan_halos_forward(halo_plan_t plan, const void *x, void *left, void *right);
+HALO_DEPRECATED halo_result_t halo_plan_halos_forward(halo_plan_t plan, const void *x, void *left, void *right);
 
 /**
- * @brief The halos-only backward: sends grad_left and grad_right to the ranks
- * the halos came from, and adds the gradients of x's slices that the
- * neighbours send into grad_x, in the order and dtype of halo_plan_backward,
- * so that grad_x ends bit-identical to what the padded backward computes when
- * grad_x held grad_out's interior. Collective.
+ * @brief Deprecated (0.3): halo_exchange(plan, HALO_DIR_BACKWARD, {grad_left,
+ * grad_right, grad_x}, 3, NULL). The halos-only backward: sends grad_left
+ * and grad_right to the ranks the halos came from, and adds the gradients of
+ * x's slices that the neighbours send into grad_x, in the order and dtype of
+ * halo_plan_backward, so that grad_x ends bit-identical to what the padded
+ * backward computes when grad_x held grad_out's interior. Collective.
  */
-halo_result_t halo_plan_halos_backward(halo_plan_t plan, const void *grad_left, const void *grad_right, void *grad_x);
+HALO_DEPRECATED halo_result_t halo_plan_halos_backward(halo_plan_t plan, const void *grad_left, const void *grad_right, void *grad_x);
 
 /**
- * @brief The 0.3 asynchronous calls, kept unchanged so that 0.3 callers keep
- * working within major version 0 (a minor bump adds, never removes); new
- * code uses halo_exchange_start, of which they are the stream-less special
- * cases. A *_start call takes the same arguments as its blocking call, posts the messages, does the local work that needs
- * nothing from the wire (padding, the interior copy) and returns; the
- * exchange is then finished by halo_plan_wait, or by halo_plan_test once it
- * reports done. Results are in the tensors only when the wait or test that
- * finishes the exchange returns HALO_SUCCESS; until then the tensors belong to
- * the exchange. One exchange per plan and direction may be in flight: a
- * second start, a wait or test with nothing started, and destroying a plan
- * with an exchange in flight are HALO_ERR_INVALID_STATE (the last one
- * cancels the exchange and fails the communicator). The blocking calls are a
- * start followed by a wait.
+ * @brief Deprecated (0.3): the asynchronous calls, kept unchanged so that
+ * 0.3 callers keep working within major version 0 (a minor bump adds, never
+ * removes); new code uses halo_exchange_start, of which they are the
+ * stream-less special cases, but with no request: a *_start call takes the
+ * same arguments as its blocking call, posts the messages, does the local
+ * work that needs nothing from the wire (padding, the interior copy) and
+ * returns; the exchange is then finished by halo_plan_wait, or by
+ * halo_plan_test once it reports done. Results are in the tensors only when
+ * the wait or test that finishes the exchange returns HALO_SUCCESS; until
+ * then the tensors belong to the exchange. One exchange per plan and
+ * direction may be in flight: a second start, a wait or test with nothing
+ * started, and destroying a plan with an exchange in flight are
+ * HALO_ERR_INVALID_STATE (the last one cancels the exchange and fails the
+ * communicator). The blocking calls are a start followed by a wait.
  */
-halo_result_t halo_plan_forward_start(halo_plan_t plan, const void *x, void *out);
-halo_result_t halo_plan_backward_start(halo_plan_t plan, const void *grad_out, void *grad_x);
-halo_result_t halo_plan_halos_forward_start(halo_plan_t plan, const void *x, void *left, void *right);
-halo_result_t halo_plan_halos_backward_start(halo_plan_t plan, const void *grad_left, const void *grad_right, void *grad_x);
+HALO_DEPRECATED halo_result_t halo_plan_forward_start(halo_plan_t plan, const void *x, void *out);
+HALO_DEPRECATED halo_result_t halo_plan_backward_start(halo_plan_t plan, const void *grad_out, void *grad_x);
+HALO_DEPRECATED halo_result_t halo_plan_halos_forward_start(halo_plan_t plan, const void *x, void *left, void *right);
+HALO_DEPRECATED halo_result_t halo_plan_halos_backward_start(halo_plan_t plan, const void *grad_left, const void *grad_right, void *grad_x);
 
 /**
- * @brief Progress the exchange of the direction without blocking; *done is
+ * @brief Deprecated (0.3): finishes the *_start calls above (a request's
+ * exchange is finished by halo_request_test). Progress the exchange of the
+ * direction without blocking; *done is
  * set to 1 (and the exchange finished) once its messages have all arrived,
  * else to 0. Communication advances only inside halo library calls: a
  * caller that computes between start and wait gains by testing now and then.
@@ -427,19 +450,21 @@ halo_result_t halo_plan_halos_backward_start(halo_plan_t plan, const void *grad_
  * different orders on different ranks: a call that cannot go on progresses
  * the others, so a peer blocked in one of them is never left waiting.
  */
-halo_result_t halo_plan_test(halo_plan_t plan, halo_direction_t direction, int *done);
+HALO_DEPRECATED halo_result_t halo_plan_test(halo_plan_t plan, halo_direction_t direction, int *done);
 
 /**
- * @brief Finish the exchange of the direction, within the communicator's
- * timeout, progressing the communicator's other exchanges in flight while it
- * waits (see halo_plan_test). Once the communicator has failed (an abort, a
- * failed exchange), this and halo_plan_test return HALO_ERR_COMM_FAILED, also
+ * @brief Deprecated (0.3): finishes the *_start calls above (a request's
+ * exchange is finished by halo_request_wait). Finish the exchange of the
+ * direction, within the communicator's timeout, progressing the
+ * communicator's other exchanges in flight while it waits (see
+ * halo_plan_test). Once the communicator has failed (an abort, a failed
+ * exchange), this and halo_plan_test return HALO_ERR_COMM_FAILED, also
  * after the call that reported the failure. An exchange begun by
  * halo_exchange_start belongs to its request: halo_plan_wait and
  * halo_plan_test refuse it with HALO_ERR_INVALID_STATE (finish it with
  * halo_request_wait or test).
  */
-halo_result_t halo_plan_wait(halo_plan_t plan, halo_direction_t direction);
+HALO_DEPRECATED halo_result_t halo_plan_wait(halo_plan_t plan, halo_direction_t direction);
 
 /**
  * @brief Create one plan over count layouts (1 .. 16), collectively like
@@ -450,18 +475,20 @@ halo_result_t halo_plan_wait(halo_plan_t plan, halo_direction_t direction);
  * the layout). The single-layout calls refuse such a plan; use the *_multi
  * calls, whose tensor arguments are arrays of count pointers, one per layout,
  * in the order of params. halo_plan_test and halo_plan_wait finish their
- * *_start forms as for any plan.
+ * *_start forms as for any plan. The *_multi calls are deprecated (0.3):
+ * halo_exchange and halo_exchange_start take every layout's tensors in one
+ * array, and the blocking *_multi calls run as halo_exchange.
  */
 halo_result_t halo_plan_create_multi(halo_comm_t comm, int count, const halo_plan_params_t *params, halo_plan_t *plan);
-halo_result_t halo_plan_forward_multi(halo_plan_t plan, const void *const *x, void *const *out);
-halo_result_t halo_plan_backward_multi(halo_plan_t plan, const void *const *grad_out, void *const *grad_x);
-halo_result_t halo_plan_halos_forward_multi(halo_plan_t plan, const void *const *x, void *const *left, void *const *right);
-halo_result_t halo_plan_halos_backward_multi(halo_plan_t plan, const void *const *grad_left, const void *const *grad_right,
+HALO_DEPRECATED halo_result_t halo_plan_forward_multi(halo_plan_t plan, const void *const *x, void *const *out);
+HALO_DEPRECATED halo_result_t halo_plan_backward_multi(halo_plan_t plan, const void *const *grad_out, void *const *grad_x);
+HALO_DEPRECATED halo_result_t halo_plan_halos_forward_multi(halo_plan_t plan, const void *const *x, void *const *left, void *const *right);
+HALO_DEPRECATED halo_result_t halo_plan_halos_backward_multi(halo_plan_t plan, const void *const *grad_left, const void *const *grad_right,
                                              void *const *grad_x);
-halo_result_t halo_plan_forward_multi_start(halo_plan_t plan, const void *const *x, void *const *out);
-halo_result_t halo_plan_backward_multi_start(halo_plan_t plan, const void *const *grad_out, void *const *grad_x);
-halo_result_t halo_plan_halos_forward_multi_start(halo_plan_t plan, const void *const *x, void *const *left, void *const *right);
-halo_result_t halo_plan_halos_backward_multi_start(halo_plan_t plan, const void *const *grad_left,
+HALO_DEPRECATED halo_result_t halo_plan_forward_multi_start(halo_plan_t plan, const void *const *x, void *const *out);
+HALO_DEPRECATED halo_result_t halo_plan_backward_multi_start(halo_plan_t plan, const void *const *grad_out, void *const *grad_x);
+HALO_DEPRECATED halo_result_t halo_plan_halos_forward_multi_start(halo_plan_t plan, const void *const *x, void *const *left, void *const *right);
+HALO_DEPRECATED halo_result_t halo_plan_halos_backward_multi_start(halo_plan_t plan, const void *const *grad_left,
                                                    const void *const *grad_right, void *const *grad_x);
 
 /**
@@ -521,6 +548,28 @@ halo_result_t halo_exchange_start(halo_plan_t plan, halo_direction_t direction, 
                                   void *stream, halo_request_t *request);
 
 /**
+ * @brief Run one exchange of a plan and return when it has ended, with its
+ * result: halo_exchange_start with the same arguments, halo_request_wait
+ * (request, NULL) and halo_request_free, without the request. Collective,
+ * as the start. Every other blocking exchange of this header is this call.
+ *
+ * stream NULL: on the calling thread. stream non-NULL: ordered on that
+ * stream as halo_exchange_start orders it (it begins after the work queued
+ * there before the call, and later work waits for it; the caller need not
+ * synchronise the stream first), while the calling thread waits for it to
+ * end. For an exchange that the host does not wait for, use
+ * halo_exchange_start and halo_request_wait(request, stream).
+ *
+ * Its arguments are positional, NCCL's way, rather than a params struct
+ * with a field mask (UCX's ucp_request_param_t): what varies per layout
+ * (dtype, strides, padding, memory type, halos-only) is fixed by the plan,
+ * whose params struct can grow; per call there are only the direction, the
+ * tensors and where to order the exchange, and a new axis of that kind
+ * (more tensors, another device) fits the buffers array or the plan.
+ */
+halo_result_t halo_exchange(halo_plan_t plan, halo_direction_t direction, void *const *buffers, size_t count, void *stream);
+
+/**
  * @brief Progress the request without blocking: *done is 1 once its exchange
  * has ended (for a stream-ordered one: the proxy has written its flag), else
  * 0. The exchange's error, if any, is returned once it has ended, on every
@@ -539,8 +588,17 @@ halo_result_t halo_request_test(halo_request_t request, int *done);
 halo_result_t halo_request_wait(halo_request_t request, void *stream);
 
 /**
- * @brief Release a request. A request whose exchange has not ended is
- * refused with HALO_ERR_INVALID_STATE and stays valid (wait for it first).
+ * @brief Release a request, as ucp_request_free does: the handle is invalid
+ * from now on, and a request whose exchange has not ended is released when
+ * it ends. Its result is then reported to nobody (an exchange that fails its
+ * communicator makes every later call fail with HALO_ERR_COMM_FAILED), and
+ * its tensors belong to the exchange until it has ended: a stream-ordered
+ * one ends on the proxy, ahead of the later work of its stream (and of the
+ * streams told to wait for it); one without a stream is finished by the
+ * next call on the communicator that blocks on the host (a blocking
+ * exchange, a start, a host wait, a plan's creation), and progressed by
+ * halo_request_test of another request. halo_plan_destroy cancels it, as
+ * any exchange in flight on the plan.
  */
 halo_result_t halo_request_free(halo_request_t request);
 

@@ -40,6 +40,10 @@ type Options struct {
 	// grad_out, the layout that saves the interior copy.
 	InPlace  bool   `json:"in_place"`
 	Transfer string `json:"transfer"` // auto, pack or iov
+	// Stream times the stream-ordered path: every exchange is ordered on a
+	// stream (CU_STREAM_LEGACY) by the communicator's proxy, the host
+	// waiting for it (comm.Comm.Exchange). On a CPU, HALO_CUDA_DRIVER=host-fake.
+	Stream bool `json:"stream,omitempty"`
 	// Padding fills the halo slots beyond the sequence's ends: zeros,
 	// replicate, reflect or circular.
 	Padding string `json:"padding"`

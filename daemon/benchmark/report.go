@@ -158,6 +158,13 @@ func (t *table) header(m *Meta, cases []Case) {
 	if o.Padding != "" && o.Padding != "zeros" {
 		place += "; " + o.Padding + " padding"
 	}
+	if o.Stream {
+		drv := m.Env["HALO_CUDA_DRIVER"]
+		if drv == "" {
+			drv = "cuda"
+		}
+		place += "; stream-ordered: each exchange queued on a stream, run by the proxy, waited for on the host (" + drv + " driver)"
+	}
 	if o.Shape == nil {
 		first, last := cases[0].Bytes, cases[len(cases)-1].Bytes
 		fmt.Fprintf(t.w, "# workload: halos of %s to %s per side (x%d), one slice of a [1, count] %s tensor on the %s; %s; %s\n",

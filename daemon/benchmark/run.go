@@ -9,6 +9,7 @@ import (
 	"os"
 	"sort"
 	"time"
+	"unsafe"
 
 	"github.com/halo-cp/halo/comm"
 	"github.com/halo-cp/halo/halo"
@@ -124,7 +125,8 @@ func perftestAt(pt []PerftestResult, bytes int64) *PerftestResult {
 // envReported are the variables that change what UCX and halo pick; the
 // JSON file records them.
 var envReported = []string{"UCX_TLS", "UCX_NET_DEVICES", "UCX_RNDV_THRESH", "UCX_RNDV_SCHEME",
-	"UCX_POSIX_ERROR_HANDLING", "UCX_SYSV_ERROR_HANDLING", "UCX_MAX_RNDV_LANES", "UCX_MAX_EAGER_LANES"}
+	"UCX_POSIX_ERROR_HANDLING", "UCX_SYSV_ERROR_HANDLING", "UCX_MAX_RNDV_LANES", "UCX_MAX_EAGER_LANES",
+	comm.SettingCUDADriver.Env}
 
 func newMeta(size int, o Options, started time.Time) *Meta {
 	host, _ := os.Hostname()
@@ -146,6 +148,15 @@ type group interface {
 	Size() int
 	NewPlan(halo.Spec) (*halo.Plan, error)
 }
+
+// streamGroup is a group with the stream-ordered path (*comm.Comm).
+type streamGroup interface {
+	Exchange(p *halo.Plan, d halo.Direction, bufs []unsafe.Pointer, stream uintptr) error
+}
+
+// cuStreamLegacy is CUDA's default stream as a handle (CU_STREAM_LEGACY);
+// the host emulation takes any non-zero number as a stream.
+const cuStreamLegacy = 0x1
 
 // tensors are one case's buffers on one rank.
 type tensors struct {
@@ -268,11 +279,22 @@ func runCase(c group, coll *collective, o *Options, cs Case, log zerolog.Logger)
 // timed call wait for it). It returns rank 0's row (without its
 // statistics), or nil on the other ranks.
 func runOp(c group, coll *collective, o *Options, cs Case, spec *halo.Spec, t *tensors, plan *halo.Plan, chk *checker, op string, log zerolog.Logger) (*Row, error) {
+	bufs, dir := []unsafe.Pointer{t.x.base, t.out.base}, halo.DirForward
+	if op != "forward" {
+		bufs, dir = []unsafe.Pointer{t.gradOut.base, t.gradX.base}, halo.DirBackward
+	}
+	sc, _ := c.(streamGroup)
+	if o.Stream && sc == nil {
+		return nil, fmt.Errorf("--stream needs a communicator with a stream-ordered proxy (comm.Comm)")
+	}
 	call := func() error {
 		var err error
-		if op == "forward" {
+		switch {
+		case o.Stream:
+			err = sc.Exchange(plan, dir, bufs, cuStreamLegacy)
+		case op == "forward":
 			err = plan.Forward(t.x.base, t.out.base)
-		} else {
+		default:
 			err = plan.Backward(t.gradOut.base, t.gradX.base)
 		}
 		if err != nil {

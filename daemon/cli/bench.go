@@ -60,6 +60,8 @@ func benchFlags() []ucli.Flag {
 			Usage: "x is the interior of out (no interior copy); --in-place=false times separate tensors"}},
 		&ucli.GenericFlag{Name: "transfer", Value: ptr(transfer(d.Transfer)), EnvVars: []string{comm.SettingTransfer.Env},
 			Usage: comm.SettingTransfer.Means},
+		boolFlag{&ucli.BoolFlag{Name: "stream", EnvVars: []string{"HALO_BENCH_STREAM"},
+			Usage: "time the stream-ordered path: each exchange ordered on a CUDA stream by the communicator's proxy and waited for on the host (on a CPU: HALO_CUDA_DRIVER=host-fake)"}},
 		// Timing.
 		&ucli.IntFlag{Name: "warmup", Aliases: []string{"w"}, Value: d.Warmup, EnvVars: []string{"HALO_BENCH_WARMUP"},
 			Usage: "untimed iterations before each op at each size"},
@@ -170,6 +172,7 @@ func benchOptions(c *ucli.Context) (benchmark.Options, error) {
 		return o, usagef(c, "%v", err)
 	}
 	o.InPlace = c.Bool("in-place")
+	o.Stream = c.Bool("stream")
 	o.Transfer = c.Generic("transfer").(*transfer).String()
 	o.Warmup, o.Iters = c.Int("warmup"), c.Int("iters")
 	o.Duration = duration(c, "duration")

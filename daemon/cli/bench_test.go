@@ -88,6 +88,25 @@ func TestBenchShapeFromEnvironment(t *testing.T) {
 	}
 }
 
+// --stream on a CPU: every exchange ordered on a stream of the host
+// emulation of the CUDA driver by the communicator's proxy, checked, and
+// the header says so.
+func TestBenchStreamHostFake(t *testing.T) {
+	r := halod(t, []string{"HALO_CUDA_DRIVER=host-fake"}, "bench", "--local", "2", "--stream", "--check",
+		"--min-bytes", "2K", "--max-bytes", "2M", "--step-factor", "1024", "--warmup", "2", "--iters", "20")
+	if r.code != 0 {
+		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", r.code, r.stdout, r.stderr)
+	}
+	if rows := dataLines(r.stdout); len(rows) != 4 {
+		t.Errorf("%d rows, want 4 (2 KiB and 2 MiB, forward and backward):\n%s", len(rows), r.stdout)
+	}
+	for _, want := range []string{"stream-ordered", "host-fake driver", "# Result             : PASS"} {
+		if !strings.Contains(r.stdout, want) {
+			t.Errorf("output lacks %q:\n%s", want, r.stdout)
+		}
+	}
+}
+
 // Ranks from a launcher's variables: rank 0 of 2 whose peer never comes
 // fails at its deadline, naming the missing rank.
 func TestBenchMissingRank(t *testing.T) {

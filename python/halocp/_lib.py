@@ -452,8 +452,13 @@ class Plan:
 
     def free(self, request: int) -> bool:
         """Release a request that has ended (finished or failed); False,
-        and the request kept, when its exchange has not ended yet."""
+        and the request kept, when its exchange has not ended yet: the
+        library would release a live request when it ends, but the tensors
+        it may still touch are Python's, kept alive by the caller until then."""
+        done = ctypes.c_int(0)
         with self.comm.lock:
+            if lib().halo_request_test(request, ctypes.byref(done)) == SUCCESS and not done.value:
+                return False
             return lib().halo_request_free(request) == SUCCESS
 
     def __del__(self):

@@ -159,3 +159,37 @@ def test_plan_calls_are_declared():
         for suffix in ("", "_start"):
             name = LIB._CALL_NAMES[call] + suffix
             assert name in declared, f"_lib.Call.{call.name}: {name} is not declared in include/halo.h"
+
+
+def _declarations() -> dict[str, tuple[bool, str]]:
+    """Every function of the header: whether it is HALO_DEPRECATED, and its parameter list."""
+    found = {}
+    for dep, name, args in re.findall(r"(HALO_DEPRECATED\s+)?\b[\w ]+?\*?\s*\b(halo_\w+)\s*\(([^;{]*?)\)\s*;", HEADER):
+        found[name] = (bool(dep), " ".join(args.split()))
+    return found
+
+
+def test_call_pair_and_deprecated_calls():
+    """halo_exchange and halo_exchange_start are the exchange calls: every
+    other one (the 0.3 plan calls) is marked HALO_DEPRECATED, nothing else is."""
+    decl = _declarations()
+    pair = "halo_plan_t plan, halo_direction_t direction, void *const *buffers, size_t count, void *stream"
+    assert decl.get("halo_exchange") == (False, pair), f"include/halo.h: halo_exchange is {decl.get('halo_exchange')}"
+    assert decl.get("halo_exchange_start") == (False, pair + ", halo_request_t *request"), \
+        f"include/halo.h: halo_exchange_start is {decl.get('halo_exchange_start')}"
+    old = {n for n in decl if re.fullmatch(r"halo_plan_(?:halos_)?(?:forward|backward)(?:_multi)?(?:_start)?|halo_plan_(?:test|wait)", n)}
+    assert len(old) == 18, f"include/halo.h: expected the 18 0.3 exchange calls, found {sorted(old)}"
+    marked = {n for n, (dep, _) in decl.items() if dep}
+    assert marked == old, f"HALO_DEPRECATED on {sorted(marked - old)}, missing on {sorted(old - marked)}"
+
+
+def test_blocking_calls_wrap_halo_exchange():
+    """capi/halo.c's 0.3 blocking single-layout calls are halo_exchange with
+    their tensors as its buffers (the *_multi ones are, in Go: see exports.go)."""
+    src = (REPO / "capi" / "halo.c").read_text()
+    for name, direction, n in (("halo_plan_forward", "FORWARD", 2), ("halo_plan_backward", "BACKWARD", 2),
+                               ("halo_plan_halos_forward", "FORWARD", 3), ("halo_plan_halos_backward", "BACKWARD", 3)):
+        m = re.search(rf"halo_result_t {name}\([^)]*\)\s*\{{(.*?)\n\}}", src, flags=re.S)
+        assert m, f"capi/halo.c: no definition of {name}"
+        assert f"return halo_exchange(plan, HALO_DIR_{direction}, b, {n}, NULL);" in m[1], \
+            f"capi/halo.c: {name} is not a halo_exchange call:{m[1]}"
