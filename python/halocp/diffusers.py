@@ -1,7 +1,7 @@
 """diffusers' video VAEs sharded along time, in one call.
 
     vae = halocp.diffusers.parallelize_vae(vae, group=cp_group)
-    split = halocp.diffusers.split_clip(clip.shape[2], world, vae.temporal_compression_ratio)
+    split = halocp.diffusers.split_clip(clip.shape[2], world, halocp.diffusers.temporal_compression(vae))
     x_local = halocp.diffusers.shard_clip(clip, split, cp_group)
     z_local = vae.encode(x_local).latent_dist.mode()      # this rank's latent frames
     y_local = vae.decode(z_local).sample                   # this rank's frames again
@@ -25,11 +25,12 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 
 from . import nn as cpnn
 from ._sharding import distributed, world_and_rank
 
-__all__ = ["parallelize_vae", "supported_classes", "split_clip", "ClipSplit", "Shard", "shard_clip", "gather_clip"]
+__all__ = ["parallelize_vae", "supported_classes", "temporal_compression", "split_clip", "ClipSplit", "Shard", "shard_clip", "gather_clip"]
 
 
 # ------------------------------------------------------------ the one call
@@ -66,6 +67,7 @@ def parallelize_vae(vae, group=None):
         if convert is not None and not getattr(module, "_halocp", False):
             convert(module, group)
             module._halocp = True
+    _convert_layers(vae, group)
     _check_converted(vae, model)
     vae._halocp_group = group
     return vae
@@ -117,6 +119,22 @@ def _holds_first_frame(group) -> bool:
 
 def _override(module, forward):
     module.forward = types.MethodType(forward, module)
+
+
+def _convert_layers(vae, group):
+    """The torch layers left after the blocks, by type: GroupNorm (its
+    statistics span time) and Conv3d one frame long in time (it needs no
+    context, but torch's refuses an empty shard)."""
+    for parent in list(vae.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child) is not torch.nn.GroupNorm and not (
+                    isinstance(child, torch.nn.Conv3d) and not isinstance(child, cpnn._ContextParallelConv3d)):
+                continue
+            if isinstance(child, torch.nn.GroupNorm):
+                _replace(parent, name, _halocp_groupnorm(child, group))
+            elif child.kernel_size[0] == 1 and child.stride[0] == 1 and child.padding[0] == 0 and \
+                    child.padding_mode == "zeros":
+                _replace(parent, name, _halocp_conv3d(child, group, True, "zeros"))
 
 
 def _check_converted(vae, model):
@@ -251,11 +269,111 @@ def _ltx_decoder(m, group):
     _override(m, forward)
 
 
+# ------------------------------------------------------------ CogVideoX
+
+
+def _cogvideox_model(vae):
+    _no_temporal_tiling(vae)
+    # One call of the encoder (decoder) covers the shard: no frame batches,
+    # so no conv caches between them.
+    vae.num_sample_frames_batch_size = vae.num_latent_frames_batch_size = 1 << 62
+
+
+def _cog_causal_conv(m, group):
+    """CogVideoXCausalConv3d: K-1 copies of the first frame before the clip
+    and the conv's zero padding in space ("first", the models' mode), or
+    replicate padding everywhere ("replicate"). No conv cache."""
+    conv = m.conv
+    if m.pad_mode == "replicate":
+        conv.padding, conv.padding_mode = (0, m.height_pad, m.width_pad), "replicate"
+    new = _halocp_conv3d(conv, group, True, "replicate")
+    _replace(m, "conv", new)
+    _override(m, lambda self, x, conv_cache=None: (self.conv(x), None))
+
+
+def _frames_2d(x):
+    """(N, C, T, H, W) -> (N*T, C, H, W), frame by frame."""
+    n, c, t, h, w = x.shape
+    return x.transpose(1, 2).reshape(n * t, c, h, w)
+
+
+def _frames_3d(y, n):
+    return y.reshape(n, -1, *y.shape[1:]).transpose(1, 2)
+
+
+def _cog_downsample(m, group):
+    """CogVideoXDownsample3D: with compress_time, the clip's first frame is
+    kept and the frames after it averaged in pairs (the clip is 1 + 2k frames
+    long); halocp.nn.AvgPool3d pools that sharded rest, pairs across shards
+    included. Then the per-frame 2-d conv, local."""
+    if m.compress_time:
+        m.temporal_pool = cpnn.AvgPool3d((2, 1, 1), stride=(2, 1, 1), group=group)
+
+    def forward(self, x):
+        if self.compress_time:
+            first = _holds_first_frame(group)
+            head, rest = (x[:, :, :1], x[:, :, 1:]) if first else (None, x)
+            x = self.temporal_pool(rest)
+            if first:
+                x = torch.cat([head, x], dim=2)
+        x = F.pad(x, (0, 1, 0, 1))
+        return _frames_3d(self.conv(_frames_2d(x)), x.shape[0])
+
+    _override(m, forward)
+
+
+def _cog_upsample(m, group):
+    """CogVideoXUpsample3D: nearest x2 in space; with compress_time, x2 in
+    time too, but for the clip's first frame (held by rank 0). Then the
+    per-frame 2-d conv."""
+
+    def forward(self, x):
+        n = x.shape[0]
+        x = _frames_3d(F.interpolate(_frames_2d(x), scale_factor=2.0), n)
+        if self.compress_time:
+            first = _holds_first_frame(group)
+            rest = x[:, :, 1:] if first else x
+            rest = rest.repeat_interleave(2, dim=2)
+            x = torch.cat([x[:, :, :1], rest], dim=2) if first else rest
+        return _frames_3d(self.conv(_frames_2d(x)), n)
+
+    _override(m, forward)
+
+
+def _nearest_frames(z, t, h, w):
+    """z (N, C, Tz, Hz, Wz) to (t, h, w) by nearest: torch's interpolate,
+    which refuses empty tensors, with time repeated when t is a multiple of Tz."""
+    if t == 0 or z.shape[2] == 0 or t % z.shape[2]:
+        return F.interpolate(z, size=(t, h, w)) if t and z.shape[2] else z.new_zeros(*z.shape[:2], t, h, w)
+    n = z.shape[0]
+    z = _frames_3d(F.interpolate(_frames_2d(z), size=(h, w)), n)
+    return z.repeat_interleave(t // z.shape[2], dim=2)
+
+
+def _cog_spatial_norm(m, group):
+    """CogVideoXSpatialNorm3D: the latents zq brought to f's size by nearest,
+    the clip's first frame on its own (rank 0's), the rest by blocks of
+    frames that stay on their rank; GroupNorm across ranks; no conv cache."""
+
+    def forward(self, f, zq, conv_cache=None):
+        t, h, w = f.shape[2:]
+        if _holds_first_frame(group) and t > 1:
+            zq = torch.cat([_nearest_frames(zq[:, :, :1], 1, h, w), _nearest_frames(zq[:, :, 1:], t - 1, h, w)], 2)
+        else:
+            zq = _nearest_frames(zq, t, h, w)
+        y, _ = self.conv_y(zq)
+        b, _ = self.conv_b(zq)
+        return self.norm_layer(f) * y + b, {}
+
+    _override(m, forward)
+
+
 # ------------------------------------------------------------ the tables
 
 # Model-level settings, by class (diffusers' own name); the blocks by type.
 _MODELS = {
     "AutoencoderKLLTXVideo": _ltx_model,
+    "AutoencoderKLCogVideoX": _cogvideox_model,
 }
 
 
@@ -265,6 +383,10 @@ def _blocks():
         "LTXVideoUpsampler3d": _ltx_upsampler,
         "LTXVideoCausalConv3d": _ltx_causal_conv,
         "LTXVideoDecoder3d": _ltx_decoder,
+        "CogVideoXCausalConv3d": _cog_causal_conv,
+        "CogVideoXDownsample3D": _cog_downsample,
+        "CogVideoXUpsample3D": _cog_upsample,
+        "CogVideoXSpatialNorm3D": _cog_spatial_norm,
     }
 
 
@@ -314,6 +436,13 @@ class ClipSplit:
             out.append(Shard(r, a, n, la, m))
             a, la = a + n, la + m
         return tuple(out)
+
+
+def temporal_compression(vae) -> int:
+    """The VAE's temporal compression ratio r (a clip of 1 + r*k frames has
+    1 + k latent frames), as the model or its config holds it."""
+    r = vae.__dict__.get("temporal_compression_ratio") or vae.config.get("temporal_compression_ratio")
+    return int(r)
 
 
 def split_clip(num_frames: int, world: int, compression: int, groups=None) -> ClipSplit:

@@ -23,7 +23,7 @@ sys.path.insert(0, str(REPO / "python"))
 import halocp.diffusers as hd  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
-SCENARIOS = ["ltx", "ltx_shipped", "ltx095"]
+SCENARIOS = ["ltx", "ltx_shipped", "ltx095", "cogvideox"]
 
 
 @pytest.fixture(scope="module", params=[1, 2, 3], ids=lambda w: f"W{w}")
@@ -41,7 +41,7 @@ def test_ranks(ranks, scenario):
 def test_refuses_unknown_class():
     from diffusers import AutoencoderKL
 
-    with pytest.raises(TypeError, match="AutoencoderKL is not supported; supported: AutoencoderKLLTXVideo"):
+    with pytest.raises(TypeError, match="AutoencoderKL is not supported; supported: AutoencoderKLLTXVideo, AutoencoderKLCogVideoX"):
         hd.parallelize_vae(AutoencoderKL(block_out_channels=(4,), norm_num_groups=2, latent_channels=2))
 
 

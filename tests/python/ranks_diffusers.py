@@ -39,6 +39,9 @@ FLOAT32_BOUND = ("decoder.timestep_scale_multiplier",)
 # uneven, an empty rank (0 frames), and rank 0 with the clip's first frame
 # alone (the fewest frames either kind of rank may hold).
 GROUPS = {1: [[2], [0]], 2: [[1, 2], [0, 1]], 3: [[2, 0, 1], [0, 1, 1]]}
+# CogVideoX's decoder doubles every latent frame but the first only when the
+# clip's latent count is odd (as 13 latents of 49 frames are): even totals.
+EVEN_GROUPS = {1: [[2], [0]], 2: [[1, 1], [0, 2]], 3: [[2, 0, 2], [0, 1, 1]]}
 
 
 def close(got, want, what, relative=None):
@@ -83,7 +86,7 @@ class float64_rms_norm:
         self.cls.forward = self.forward
 
 
-def check(build, shape_hw, decode_args=lambda z: (), shipped=False):
+def check(build, shape_hw, decode_args=lambda z: (), shipped=False, splits=GROUPS, whole_clip=lambda vae: None):
     """For each split of this world size: the sharded encode + decode of a
     clip against the whole one, forward and backward. ``shipped``: the first
     split only, the model's RMSNorm as diffusers ships it (see SHIPPED_TOL)."""
@@ -93,11 +96,12 @@ def check(build, shape_hw, decode_args=lambda z: (), shipped=False):
     def keep(err, relative):
         key = "absolute" if relative is None else "relative"
         worst[key] = max(worst[key], err)
-    for i, groups in enumerate(GROUPS[ranks.WORLD][:1] if shipped else GROUPS[ranks.WORLD]):
+    for i, groups in enumerate(splits[ranks.WORLD][:1] if shipped else splits[ranks.WORLD]):
         torch.manual_seed(1000 + i)
         whole = build().double()
         sharded = hd.parallelize_vae(copy.deepcopy(whole))
-        r = sharded.temporal_compression_ratio
+        whole_clip(whole)
+        r = hd.temporal_compression(sharded)
         split = hd.split_clip(1 + r * sum(groups), ranks.WORLD, r, groups=groups)
         x = torch.randn(1, 3, split.num_frames, *shape_hw, dtype=torch.float64, requires_grad=True)
         z = whole.encode(x).latent_dist.mode()
@@ -168,6 +172,27 @@ def scenario_ltx095():
               upsample_residual=(True, True, True), upsample_factor=(2, 2, 2), timestep_conditioning=True,
               spatial_compression_ratio=16, temporal_compression_ratio=8),
           (16, 16), decode_args=lambda z: (torch.full((z.shape[0],), 0.05, dtype=z.dtype),))
+
+
+
+def scenario_cogvideox():
+    """CogVideoX: causal convs with the first frame repeated, GroupNorm over
+    time, the temporal average of pairs after the first frame, the decoder's
+    spatial norm over the latents and its temporal doubling but for the
+    first frame."""
+    from diffusers import AutoencoderKLCogVideoX
+
+    check(lambda: AutoencoderKLCogVideoX(block_out_channels=(4, 8, 8, 8), latent_channels=4, layers_per_block=1,
+                                         norm_num_groups=2, temporal_compression_ratio=4),
+          (8, 8), splits=EVEN_GROUPS, whole_clip=one_frame_batch)
+
+
+def one_frame_batch(vae):
+    """CogVideoX encodes 8 frames (decodes 2 latent frames) a call, carrying
+    conv caches between calls and normalising each batch on its own: the
+    reference is the model in one call over the whole clip, as the sharded
+    model computes it."""
+    vae.num_sample_frames_batch_size = vae.num_latent_frames_batch_size = 1 << 30
 
 
 if __name__ == "__main__":
