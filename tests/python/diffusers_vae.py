@@ -67,3 +67,20 @@ def test_imports_without_diffusers():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                          env={"PYTHONPATH": str(REPO / "python"), "PATH": "/usr/bin:/bin"})
     assert out.stdout.strip() == "ok", out.stderr
+
+
+def test_same_module_and_parameters():
+    """parallelize_vae returns the model itself, its Parameters the same
+    objects under the same names; a second call is refused."""
+    from diffusers import AutoencoderKLCogVideoX
+
+    vae = AutoencoderKLCogVideoX(block_out_channels=(4, 8, 8, 8), latent_channels=2, layers_per_block=1,
+                                 norm_num_groups=2)
+    before = {name: p for name, p in vae.named_parameters()}
+    keys = list(vae.state_dict())
+    assert hd.parallelize_vae(vae) is vae
+    assert {name: p for name, p in vae.named_parameters()} == before
+    assert all(before[name] is p for name, p in vae.named_parameters())
+    assert list(vae.state_dict()) == keys
+    with pytest.raises(ValueError, match="already parallelized"):
+        hd.parallelize_vae(vae)
