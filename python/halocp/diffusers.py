@@ -50,7 +50,9 @@ def parallelize_vae(vae, group=None):
     Afterwards ``vae.encode(x_local)`` and ``vae.decode(z_local)`` are
     collective over the group and take and give this rank's frames, split as
     :func:`split_clip` says (rank 0 holds the clip's first frame). Raises
-    ``TypeError`` for a class it does not support, naming those it does.
+    ``TypeError`` for a class it does not support, naming those it does,
+    before changing anything; ``NotImplementedError`` for a layer over time
+    that no converter takes, after converting the rest (discard that model).
     """
     model = next((c.__name__ for c in type(vae).__mro__ if c.__name__ in _MODELS), None)
     if model is None:
@@ -297,8 +299,9 @@ def _frames_2d(x):
     return x.transpose(1, 2).reshape(n * t, c, h, w)
 
 
-def _frames_3d(y, n):
-    return y.reshape(n, -1, *y.shape[1:]).transpose(1, 2)
+def _frames_3d(y, n, t):
+    """The inverse of _frames_2d."""
+    return y.reshape(n, t, *y.shape[1:]).transpose(1, 2)
 
 
 def _cog_downsample(m, group):
@@ -317,7 +320,7 @@ def _cog_downsample(m, group):
             if first:
                 x = torch.cat([head, x], dim=2)
         x = F.pad(x, (0, 1, 0, 1))
-        return _frames_3d(self.conv(_frames_2d(x)), x.shape[0])
+        return _frames_3d(self.conv(_frames_2d(x)), x.shape[0], x.shape[2])
 
     _override(m, forward)
 
@@ -329,13 +332,13 @@ def _cog_upsample(m, group):
 
     def forward(self, x):
         n = x.shape[0]
-        x = _frames_3d(F.interpolate(_frames_2d(x), scale_factor=2.0), n)
+        x = _frames_3d(F.interpolate(_frames_2d(x), scale_factor=2.0), n, x.shape[2])
         if self.compress_time:
             first = _holds_first_frame(group)
             rest = x[:, :, 1:] if first else x
             rest = rest.repeat_interleave(2, dim=2)
             x = torch.cat([x[:, :, :1], rest], dim=2) if first else rest
-        return _frames_3d(self.conv(_frames_2d(x)), n)
+        return _frames_3d(self.conv(_frames_2d(x)), n, x.shape[2])
 
     _override(m, forward)
 
@@ -345,8 +348,8 @@ def _nearest_frames(z, t, h, w):
     which refuses empty tensors, with time repeated when t is a multiple of Tz."""
     if t == 0 or z.shape[2] == 0 or t % z.shape[2]:
         return F.interpolate(z, size=(t, h, w)) if t and z.shape[2] else z.new_zeros(*z.shape[:2], t, h, w)
-    n = z.shape[0]
-    z = _frames_3d(F.interpolate(_frames_2d(z), size=(h, w)), n)
+    n, tz = z.shape[0], z.shape[2]
+    z = _frames_3d(F.interpolate(_frames_2d(z), size=(h, w)), n, tz)
     return z.repeat_interleave(t // z.shape[2], dim=2)
 
 

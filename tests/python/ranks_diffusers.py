@@ -86,7 +86,8 @@ class float64_rms_norm:
         self.cls.forward = self.forward
 
 
-def check(build, shape_hw, decode_args=lambda z: (), shipped=False, splits=GROUPS, whole_clip=lambda vae: None):
+def check(build, shape_hw, decode_args=lambda z: (), shipped=False, splits=GROUPS, whole_clip=lambda vae: None,
+          checkpointing=False):
     """For each split of this world size: the sharded encode + decode of a
     clip against the whole one, forward and backward. ``shipped``: the first
     split only, the model's RMSNorm as diffusers ships it (see SHIPPED_TOL)."""
@@ -100,6 +101,8 @@ def check(build, shape_hw, decode_args=lambda z: (), shipped=False, splits=GROUP
         torch.manual_seed(1000 + i)
         whole = build().double()
         sharded = hd.parallelize_vae(copy.deepcopy(whole))
+        if checkpointing:  # the blocks' forwards run again, exchanges included, in the backward
+            sharded.enable_gradient_checkpointing()
         whole_clip(whole)
         r = hd.temporal_compression(sharded)
         split = hd.split_clip(1 + r * sum(groups), ranks.WORLD, r, groups=groups)
@@ -112,9 +115,15 @@ def check(build, shape_hw, decode_args=lambda z: (), shipped=False, splits=GROUP
         x_local = hd.shard_clip(x.detach(), split).clone().requires_grad_()
         z_local = sharded.encode(x_local).latent_dist.mode()
         y_local = sharded.decode(z_local, *decode_args(z_local)).sample
+        convs = [m for m in sharded.modules() if isinstance(m, (halocp.nn.CausalConv3d, halocp.nn.CenteredConv3d))]
+        rerun = []
+        hooks = [m.register_forward_hook(lambda *_: rerun.append(1)) for m in convs]
         torch.autograd.backward((z_local, y_local), (hd.shard_clip(gz, split, latent=True), hd.shard_clip(gy, split)))
+        for h in hooks:
+            h.remove()
+        expect(bool(rerun) == checkpointing, f"{len(rerun)} convolutions ran again in the backward")
 
-        what = f"{type(whole).__name__} groups {groups} ({split.num_frames} frames)"
+        what = f"{type(whole).__name__} groups {groups} ({split.num_frames} frames{', checkpointed' * checkpointing})"
         keep(close(z_local, hd.shard_clip(z.detach(), split, latent=True), what + ": latents", rel), rel)
         keep(close(y_local, hd.shard_clip(y.detach(), split), what + ": decoded", rel), rel)
         keep(close(x_local.grad, hd.shard_clip(x.grad, split), what + ": input grad", rel), rel)
@@ -156,6 +165,7 @@ def scenario_ltx():
     down-sampling convs, depth-to-space up-sampling."""
     with float64_rms_norm():
         check(ltx(**LTX090), (8, 8))
+        check(ltx(**LTX090), (8, 8), splits={w: g[:1] for w, g in GROUPS.items()}, checkpointing=True)
 
 
 def scenario_ltx_shipped():
@@ -183,12 +193,16 @@ def scenario_cogvideox():
     """CogVideoX: causal convs with the first frame repeated, GroupNorm over
     time, the temporal average of pairs after the first frame, the decoder's
     spatial norm over the latents and its temporal doubling but for the
-    first frame."""
+    first frame; and with activation checkpointing."""
     from diffusers import AutoencoderKLCogVideoX
 
-    check(lambda: AutoencoderKLCogVideoX(block_out_channels=(4, 8, 8, 8), latent_channels=4, layers_per_block=1,
-                                         norm_num_groups=2, temporal_compression_ratio=4),
-          (8, 8), splits=EVEN_GROUPS, whole_clip=one_frame_batch)
+    def build():
+        return AutoencoderKLCogVideoX(block_out_channels=(4, 8, 8, 8), latent_channels=4, layers_per_block=1,
+                                      norm_num_groups=2, temporal_compression_ratio=4)
+
+    check(build, (8, 8), splits=EVEN_GROUPS, whole_clip=one_frame_batch)
+    check(build, (8, 8), splits={w: g[:1] for w, g in EVEN_GROUPS.items()}, whole_clip=one_frame_batch,
+          checkpointing=True)
 
 
 def one_frame_batch(vae):
