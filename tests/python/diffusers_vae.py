@@ -1,0 +1,86 @@
+"""halocp.diffusers: diffusers' own video VAEs (tiny random configurations)
+converted by parallelize_vae on gloo groups of 1 to 3 local processes,
+against the unpatched VAE on the whole clip (tests/python/ranks_diffusers.py
+holds what each rank checks). Named outside pytest's test_*.py pattern: ctest's
+python_diffusers runs it, and skips it when diffusers is not installed.
+
+    python3 -m pytest -p no:cacheprovider tests/python/diffusers_vae.py
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from launcher import REPO, expect_scenario, launch
+
+pytest.importorskip("diffusers")
+sys.path.insert(0, str(REPO / "python"))
+
+import halocp.diffusers as hd  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+SCENARIOS = ["ltx", "ltx_shipped", "ltx095", "cogvideox"]
+
+
+@pytest.fixture(scope="module", params=[1, 2, 3], ids=lambda w: f"W{w}")
+def ranks(request):
+    """One launch of W ranks per world size, running every scenario."""
+    return launch(HERE / "ranks_diffusers.py", request.param, SCENARIOS, timeout=240,
+                  env={"OMP_NUM_THREADS": "1"})
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_ranks(ranks, scenario):
+    expect_scenario(ranks, scenario)
+
+
+def test_refuses_unknown_class():
+    from diffusers import AutoencoderKL
+
+    with pytest.raises(TypeError, match="AutoencoderKL is not supported; supported: AutoencoderKLLTXVideo, AutoencoderKLCogVideoX"):
+        hd.parallelize_vae(AutoencoderKL(block_out_channels=(4,), norm_num_groups=2, latent_channels=2))
+
+
+def test_split():
+    s = hd.split_clip(1 + 8 * 7, 3, 8)
+    assert s.groups == (2, 2, 3) and s.lengths == (17, 16, 24) and s.latent_lengths == (3, 2, 3)
+    assert [(p.offset, p.length, p.latent_offset, p.latent_length) for p in s.shards] == \
+        [(0, 17, 0, 3), (17, 16, 3, 2), (33, 24, 5, 3)]
+    assert hd.split_clip(1, 2, 4).lengths == (1, 0)
+    assert hd.split_clip(9, 3, 4, groups=[0, 2, 0]).lengths == (1, 8, 0)
+    for bad in [(8, 2, 4, None), (9, 2, 4, [1, 0]), (9, 2, 4, [3, -1])]:
+        with pytest.raises(ValueError):
+            hd.split_clip(*bad)
+    clip = torch.arange(9.0).reshape(1, 1, 9, 1, 1)
+    assert hd.shard_clip(clip, hd.split_clip(9, 1, 4)).flatten().tolist() == list(range(9))
+
+
+def test_imports_without_diffusers():
+    """halocp (and halocp.diffusers) import with diffusers unavailable."""
+    import subprocess
+
+    code = "import sys; sys.modules['diffusers'] = None; import halocp.diffusers; print('ok')"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                         env={"PYTHONPATH": str(REPO / "python"), "PATH": "/usr/bin:/bin"})
+    assert out.stdout.strip() == "ok", out.stderr
+
+
+def test_same_module_and_parameters():
+    """parallelize_vae returns the model itself, its Parameters the same
+    objects under the same names; a second call is refused."""
+    from diffusers import AutoencoderKLCogVideoX
+
+    vae = AutoencoderKLCogVideoX(block_out_channels=(4, 8, 8, 8), latent_channels=2, layers_per_block=1,
+                                 norm_num_groups=2)
+    before = {name: p for name, p in vae.named_parameters()}
+    keys = list(vae.state_dict())
+    assert hd.parallelize_vae(vae) is vae
+    assert {name: p for name, p in vae.named_parameters()} == before
+    assert all(before[name] is p for name, p in vae.named_parameters())
+    assert list(vae.state_dict()) == keys
+    with pytest.raises(ValueError, match="already parallelized"):
+        hd.parallelize_vae(vae)

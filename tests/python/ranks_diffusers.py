@@ -1,0 +1,217 @@
+"""One rank of the tests of halocp.diffusers: real diffusers video VAEs, built
+from tiny random configurations (no download), converted by parallelize_vae
+and run on this rank's frames, against the unpatched VAE run by every rank
+on the whole clip in one process. tests/python/diffusers_vae.py starts W of
+them (helpers: ranks.py).
+
+    ranks_diffusers.py SCENARIO...
+
+Checked in float64 within 1e-9 absolute: the latents (the posterior's mode),
+the decoded frames, the input gradient and every parameter's gradient
+summed over the ranks, for a loss over both latents and frames.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.distributed as dist
+
+import halocp
+import halocp.diffusers as hd
+import ranks
+from ranks import expect
+
+TOL = 1e-9
+# diffusers' RMSNorm (LTX-Video's norms) computes its variance in float32
+# whatever the input's dtype, and torch's float32 mean rounds differently for
+# tensors of different lengths (1.2e-7 relative on the same values, a
+# shard's against the whole clip's): the model as shipped agrees to float32's
+# rounding only, which these tolerances (relative to the largest value) check.
+SHIPPED_TOL = 2e-5
+# Parameters upstream of diffusers' timestep embedding, which casts to float32
+# (get_timestep_embedding): their gradients are float32 sums over frames,
+# which shards add in another order; checked as the shipped model is.
+FLOAT32_BOUND = ("decoder.timestep_scale_multiplier",)
+
+# Each world size's splits, as the groups of `compression` frames per rank:
+# uneven, an empty rank (0 frames), and rank 0 with the clip's first frame
+# alone (the fewest frames either kind of rank may hold).
+GROUPS = {1: [[2], [0]], 2: [[1, 2], [0, 1]], 3: [[2, 0, 1], [0, 1, 1]]}
+# CogVideoX's decoder doubles every latent frame but the first only when the
+# clip's latent count is odd (as 13 latents of 49 frames are): even totals.
+EVEN_GROUPS = {1: [[2], [0]], 2: [[1, 1], [0, 2]], 3: [[2, 0, 2], [0, 1, 1]]}
+
+
+def close(got, want, what, relative=None):
+    """The largest absolute error; within TOL, or within ``relative`` times
+    the largest value."""
+    if got.shape != want.shape:
+        raise ranks.Failure(f"{what}: shape {tuple(got.shape)} != {tuple(want.shape)}")
+    err = (got - want).abs().max().item() if got.numel() else 0.0
+    scale = want.abs().max().item() if want.numel() else 0.0
+    tol = TOL if relative is None else relative * max(scale, 1e-30)
+    expect(err <= tol, f"{what}: max error {err:.3g} > {tol:.3g} (largest value {scale:.3g})")
+    return err if relative is None else err / max(scale, 1e-30)
+
+
+def summed(t):
+    t = t.clone()
+    dist.all_reduce(t)
+    return t
+
+
+class float64_rms_norm:
+    """diffusers' RMSNorm with its variance in the input's dtype (float64
+    here), in the reference and the sharded model alike, for the exact
+    checks; the float32 variance is restored on exit."""
+
+    def __enter__(self):
+        from diffusers.models import normalization
+
+        self.cls, self.forward = normalization.RMSNorm, normalization.RMSNorm.forward
+
+        def forward(norm, x):
+            if x.dtype != torch.float64:
+                return self.forward(norm, x)
+            x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + norm.eps)
+            x = x if norm.weight is None else x * norm.weight
+            return x if norm.bias is None else x + norm.bias
+
+        self.cls.forward = forward
+        return self
+
+    def __exit__(self, *exc):
+        self.cls.forward = self.forward
+
+
+def check(build, shape_hw, decode_args=lambda z: (), shipped=False, splits=GROUPS, whole_clip=lambda vae: None,
+          checkpointing=False):
+    """For each split of this world size: the sharded encode + decode of a
+    clip against the whole one, forward and backward. ``shipped``: the first
+    split only, the model's RMSNorm as diffusers ships it (see SHIPPED_TOL)."""
+    worst = {"absolute": 0.0, "relative": 0.0}
+    rel = SHIPPED_TOL if shipped else None
+
+    def keep(err, relative):
+        key = "absolute" if relative is None else "relative"
+        worst[key] = max(worst[key], err)
+    for i, groups in enumerate(splits[ranks.WORLD][:1] if shipped else splits[ranks.WORLD]):
+        torch.manual_seed(1000 + i)
+        whole = build().double()
+        sharded = hd.parallelize_vae(copy.deepcopy(whole))
+        if checkpointing:  # the blocks' forwards run again, exchanges included, in the backward
+            sharded.enable_gradient_checkpointing()
+        whole_clip(whole)
+        r = hd.temporal_compression(sharded)
+        split = hd.split_clip(1 + r * sum(groups), ranks.WORLD, r, groups=groups)
+        x = torch.randn(1, 3, split.num_frames, *shape_hw, dtype=torch.float64, requires_grad=True)
+        z = whole.encode(x).latent_dist.mode()
+        y = whole.decode(z, *decode_args(z)).sample
+        gz, gy = torch.randn_like(z), torch.randn_like(y)
+        torch.autograd.backward((z, y), (gz, gy))
+
+        x_local = hd.shard_clip(x.detach(), split).clone().requires_grad_()
+        z_local = sharded.encode(x_local).latent_dist.mode()
+        y_local = sharded.decode(z_local, *decode_args(z_local)).sample
+        convs = [m for m in sharded.modules() if isinstance(m, (halocp.nn.CausalConv3d, halocp.nn.CenteredConv3d))]
+        rerun = []
+        hooks = [m.register_forward_hook(lambda *_: rerun.append(1)) for m in convs]
+        torch.autograd.backward((z_local, y_local), (hd.shard_clip(gz, split, latent=True), hd.shard_clip(gy, split)))
+        for h in hooks:
+            h.remove()
+        expect(bool(rerun) == checkpointing, f"{len(rerun)} convolutions ran again in the backward")
+
+        what = f"{type(whole).__name__} groups {groups} ({split.num_frames} frames{', checkpointed' * checkpointing})"
+        keep(close(z_local, hd.shard_clip(z.detach(), split, latent=True), what + ": latents", rel), rel)
+        keep(close(y_local, hd.shard_clip(y.detach(), split), what + ": decoded", rel), rel)
+        keep(close(x_local.grad, hd.shard_clip(x.grad, split), what + ": input grad", rel), rel)
+        expect(torch.equal(hd.gather_clip(y_local, split), torch.cat(gathered(y_local), 2)), what + ": gather_clip")
+        with torch.no_grad():  # serving: the same frames, no graph
+            y_served = sharded.decode(z_local.detach(), *decode_args(z_local)).sample
+        expect(y_served.grad_fn is None, what + ": decode under no_grad kept a graph")
+        keep(close(y_served, hd.shard_clip(y.detach(), split), what + ": decoded under no_grad", rel), rel)
+        named = dict(whole.named_parameters())
+        for name, p in sharded.named_parameters():
+            g = p.grad if p.grad is not None else torch.zeros_like(p)
+            want = named[name].grad if named[name].grad is not None else torch.zeros_like(p)
+            tol = SHIPPED_TOL if name in FLOAT32_BOUND else rel
+            keep(close(summed(g), want, f"{what}: grad of {name}", tol), tol)
+    print("max error: " + ", ".join(f"{k} {v:.3g}" for k, v in worst.items() if v), flush=True)
+
+
+def gathered(t):
+    """Every rank's t, by all_gather_object (a plain oracle for gather_clip)."""
+    parts = [None] * ranks.WORLD
+    dist.all_gather_object(parts, t.detach())
+    return parts
+
+
+def ltx(**config):
+    from diffusers import AutoencoderKLLTXVideo
+
+    return lambda: AutoencoderKLLTXVideo(in_channels=3, out_channels=3, latent_channels=4, patch_size=1, **config)
+
+
+LTX090 = dict(block_out_channels=(4, 8, 8, 8), decoder_block_out_channels=(4, 8, 8, 8),
+              layers_per_block=(1, 1, 1, 1, 1), decoder_layers_per_block=(1, 1, 1, 1, 1),
+              spatio_temporal_scaling=(True, True, True, False),
+              decoder_spatio_temporal_scaling=(True, True, True, False))
+
+
+def scenario_ltx():
+    """LTX-Video 0.9.0's layout: causal encoder, centred decoder, strided
+    down-sampling convs, depth-to-space up-sampling."""
+    with float64_rms_norm():
+        check(ltx(**LTX090), (8, 8))
+        check(ltx(**LTX090), (8, 8), splits={w: g[:1] for w, g in GROUPS.items()}, checkpointing=True)
+
+
+def scenario_ltx_shipped():
+    """The same, diffusers' RMSNorm as shipped (its variance in float32)."""
+    check(ltx(**LTX090), (8, 8), shipped=True)
+
+
+def scenario_ltx095():
+    """LTX-Video 0.9.5's layout: space-to-depth down-samplers (spatial,
+    temporal, spatio-temporal), residual up-samplers with an upscale factor,
+    a timestep-conditioned decoder."""
+    with float64_rms_norm():
+        check(ltx(block_out_channels=(4, 8, 8, 16, 16), down_block_types=("LTXVideo095DownBlock3D",) * 4,
+              downsample_type=("spatial", "temporal", "spatiotemporal", "spatiotemporal"),
+              spatio_temporal_scaling=(True, True, True, True), layers_per_block=(1, 1, 1, 1, 1),
+              decoder_block_out_channels=(8, 16, 32), decoder_layers_per_block=(1, 1, 1, 1),
+              decoder_spatio_temporal_scaling=(True, True, True), decoder_inject_noise=(False,) * 4,
+              upsample_residual=(True, True, True), upsample_factor=(2, 2, 2), timestep_conditioning=True,
+              spatial_compression_ratio=16, temporal_compression_ratio=8),
+          (16, 16), decode_args=lambda z: (torch.full((z.shape[0],), 0.05, dtype=z.dtype),))
+
+
+
+def scenario_cogvideox():
+    """CogVideoX: causal convs with the first frame repeated, GroupNorm over
+    time, the temporal average of pairs after the first frame, the decoder's
+    spatial norm over the latents and its temporal doubling but for the
+    first frame; and with activation checkpointing."""
+    from diffusers import AutoencoderKLCogVideoX
+
+    def build():
+        return AutoencoderKLCogVideoX(block_out_channels=(4, 8, 8, 8), latent_channels=4, layers_per_block=1,
+                                      norm_num_groups=2, temporal_compression_ratio=4)
+
+    check(build, (8, 8), splits=EVEN_GROUPS, whole_clip=one_frame_batch)
+    check(build, (8, 8), splits={w: g[:1] for w, g in EVEN_GROUPS.items()}, whole_clip=one_frame_batch,
+          checkpointing=True)
+
+
+def one_frame_batch(vae):
+    """CogVideoX encodes 8 frames (decodes 2 latent frames) a call, carrying
+    conv caches between calls and normalising each batch on its own: the
+    reference is the model in one call over the whole clip, as the sharded
+    model computes it."""
+    vae.num_sample_frames_batch_size = vae.num_latent_frames_batch_size = 1 << 30
+
+
+if __name__ == "__main__":
+    ranks.main(globals())
