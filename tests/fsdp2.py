@@ -24,10 +24,17 @@ STEPS, B, C, T, H, W = 3, 4, 2, 8, 3, 3
 
 
 def free_port_pair() -> int:
-    for _ in range(100):
+    import random
+
+    # Below the kernel's ephemeral range: a port bind(0) handed out could go
+    # to a listener of a test running beside this one before the job binds it.
+    for _ in range(1000):
+        p = random.randrange(20000, 32000)
         with socket.socket() as a:
-            a.bind(("127.0.0.1", 0))
-            p = a.getsockname()[1]
+            try:
+                a.bind(("127.0.0.1", p))
+            except OSError:
+                continue
             try:
                 with socket.socket() as b:
                     b.bind(("127.0.0.1", p + 1))

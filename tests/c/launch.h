@@ -47,20 +47,27 @@ static int g_failures = 0;
         }                                                                       \
     } while (0)
 
+/* A free port below the kernel's ephemeral range (32768 and up here):
+ * a port bind(0) handed out could be handed out again, before a rank binds
+ * it, to any listener of a test running beside this one (every rank holds
+ * a liveness listener on an ephemeral port). */
 static int free_port(void) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a;
-    memset(&a, 0, sizeof a);
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof a;
-    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) != 0 ||
-        getsockname(fd, (struct sockaddr *)&a, &len) != 0) {
-        perror("free_port");
-        exit(2);
+    srand((unsigned)getpid() ^ (unsigned)time(NULL));
+    for (int tries = 0; tries < 1000; tries++) {
+        int port = 20000 + rand() % 12000;
+        int fd = socket(AF_INET, SOCK_STREAM, 0);
+        struct sockaddr_in a;
+        memset(&a, 0, sizeof a);
+        a.sin_family = AF_INET;
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        a.sin_port = htons((unsigned short)port);
+        if (fd < 0) break;
+        int ok = bind(fd, (struct sockaddr *)&a, sizeof a) == 0;
+        close(fd);
+        if (ok) return port;
     }
-    close(fd);
-    return ntohs(a.sin_port);
+    perror("free_port");
+    exit(2);
 }
 
 static double now_s(void) {

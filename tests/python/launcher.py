@@ -29,9 +29,20 @@ class Rank:
 
 
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free port below the kernel's ephemeral range: one that bind(0)
+    handed out could go, before rank 0 binds it, to a listener of a test
+    running beside this one (every rank holds a liveness listener)."""
+    import random
+
+    for _ in range(1000):
+        port = random.randrange(20000, 32000)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port in 20000..31999")
 
 
 def launch(script: Path, world: int, args: list[str] = (), timeout: float = 120, env: dict | None = None) -> list[Rank]:
