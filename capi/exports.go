@@ -11,7 +11,6 @@ import "C"
 import (
 	"errors"
 	"fmt"
-	"os"
 	"strings"
 	"time"
 	"unsafe"
@@ -129,7 +128,7 @@ func haloGoCommCreate(rank, size C.int, p *C.halo_comm_params_t, out *C.halo_com
 		}
 		registry.Lock()
 		h := newHandle(kindComm)
-		registry.comms[h] = &commEntry{c: c, plans: map[uintptr]*planEntry{}, pid: os.Getpid()}
+		registry.comms[h] = &commEntry{c: c, plans: map[uintptr]*planEntry{}}
 		registry.Unlock()
 		*out = *(*C.halo_comm_t)(unsafe.Pointer(&h)) // a number, never dereferenced
 		return nil
@@ -252,9 +251,6 @@ func haloGoCommDestroy(h C.uintptr_t, eb *C.char, el C.size_t) C.int {
 		}
 		registry.Unlock()
 		e.c.EndRequests(destroyedComm(e.c.Rank()))
-		if inherited(e) {
-			return nil // the parent's: forgotten here, untouched there
-		}
 		// Its queued exchanges use the plans: they end first (abort the
 		// communicator to make them fail at once).
 		first := e.c.CloseProxy()
@@ -513,21 +509,15 @@ func haloGoPlanDestroy(h C.uintptr_t, eb *C.char, el C.size_t) C.int {
 	return exported(eb, el, func() error {
 		registry.Lock()
 		pe, ok := registry.plans[uintptr(h)]
-		local := false
 		if ok {
 			delete(registry.plans, uintptr(h))
 			if ce, ok := registry.comms[pe.comm]; ok {
 				delete(ce.plans, uintptr(h))
-				local = inherited(ce)
 			}
 		}
 		registry.Unlock()
 		if !ok {
 			return badHandle(uintptr(h), "plan", kindPlan)
-		}
-		if local {
-			pe.c.ForgetPlan(pe.p) // a forked child's: as haloGoCommDestroy
-			return nil
 		}
 		return pe.c.ClosePlan(pe.p) // after the stream-ordered exchanges queued on it
 	})

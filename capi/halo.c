@@ -2,7 +2,10 @@
 // include/halo.h never depends on cgo's generated header, and so that the
 // last-error text lives in this thread's C buffer with no ownership puzzles.
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
 #include "halo.h"
 #include "calls.h"
 #include "_cgo_export.h"
@@ -24,6 +27,40 @@ static char *error_buffer(void) {
     }
     return b;
 }
+
+/* A process forked from one that loaded libhalo has one thread and a copy of
+ * a Go runtime whose other threads did not come along: a call into Go there
+ * can wait for ever on a lock that one of them held at the fork (the
+ * c_request_fork test hung so on a loaded machine). Its communicators,
+ * plans and requests are the parent's. So in such a child no call enters
+ * Go: destroy and free only forget (success), and every other call is
+ * refused at once, saying why. libc's fork runs the handler; Go's own
+ * fork+exec does not, and needs none. */
+static volatile int forked_child;
+static pid_t loader_pid;
+static void mark_forked_child(void) { forked_child = 1; }
+__attribute__((constructor)) static void watch_forks(void) {
+    loader_pid = getpid();
+    pthread_atfork(NULL, NULL, mark_forked_child);
+}
+
+static halo_result_t refuse_in_child(const char *call) {
+    char *b = error_buffer();
+    if (b != NULL) {
+        snprintf(b, HALO_ERRLEN,
+                 "%s: this process (pid %ld) was forked from process %ld, which had loaded libhalo; Go's runtime "
+                 "does not survive a fork, so here only destroy and free work (they forget the parent's objects). "
+                 "Use libhalo in a process started by exec (Python: multiprocessing's spawn)",
+                 call, (long)getpid(), (long)loader_pid);
+    }
+    return HALO_ERR_INVALID_STATE;
+}
+
+/* Every call that enters Go starts with one of these. */
+#define IN_CHILD_REFUSE()                                                                                   \
+    if (forked_child) return refuse_in_child(__func__)
+#define IN_CHILD_FORGET()                                                                                   \
+    if (forked_child) return HALO_SUCCESS
 
 int halo_version_number(void) { return HALO_VERSION_NUMBER; }
 const char *halo_version_string(void) { return HALO_VERSION_STRING; }
@@ -50,34 +87,42 @@ const char *halo_strerror(halo_result_t result) {
 }
 
 halo_result_t halo_setting_get(const char *name, char *value, size_t len, int64_t *number) {
+    IN_CHILD_REFUSE();
     return (halo_result_t)haloGoSettingGet((char *)name, value, len, number, error_buffer(), HALO_ERRLEN);
 }
 
 halo_result_t halo_comm_create(int rank, int world_size, const halo_comm_params_t *params, halo_comm_t *comm) {
+    IN_CHILD_REFUSE();
     return (halo_result_t)haloGoCommCreate(rank, world_size, (halo_comm_params_t *)params, comm, error_buffer(), HALO_ERRLEN);
 }
 
 halo_result_t halo_comm_get_address(halo_comm_t comm, const void **address, size_t *length) {
+    IN_CHILD_REFUSE();
     return (halo_result_t)haloGoCommGetAddress((uintptr_t)comm, (void **)address, length, error_buffer(), HALO_ERRLEN);
 }
 
 halo_result_t halo_comm_connect(halo_comm_t comm, const void *const *addresses, const size_t *lengths) {
+    IN_CHILD_REFUSE();
     return (halo_result_t)haloGoCommConnect((uintptr_t)comm, (void **)addresses, (size_t *)lengths, error_buffer(), HALO_ERRLEN);
 }
 
 halo_result_t halo_comm_get_rank(halo_comm_t comm, int *rank, int *world_size) {
+    IN_CHILD_REFUSE();
     return (halo_result_t)haloGoCommGetRank((uintptr_t)comm, rank, world_size, error_buffer(), HALO_ERRLEN);
 }
 
 halo_result_t halo_comm_memory_types(halo_comm_t comm, uint64_t *types) {
+    IN_CHILD_REFUSE();
     return (halo_result_t)haloGoCommMemoryTypes((uintptr_t)comm, types, error_buffer(), HALO_ERRLEN);
 }
 
 halo_result_t halo_comm_destroy(halo_comm_t comm) {
+    IN_CHILD_FORGET();
     return (halo_result_t)haloGoCommDestroy((uintptr_t)comm, error_buffer(), HALO_ERRLEN);
 }
 
 halo_result_t halo_plan_create(halo_comm_t comm, const halo_plan_params_t *params, halo_plan_t *plan) {
+    IN_CHILD_REFUSE();
     return (halo_result_t)haloGoPlanCreate((uintptr_t)comm, (halo_plan_params_t *)params, plan, error_buffer(), HALO_ERRLEN);
 }
 
@@ -106,44 +151,54 @@ halo_result_t halo_plan_halos_backward(halo_plan_t plan, const void *grad_left, 
  * finished by halo_plan_wait or halo_plan_test, which refuse one that a
  * request owns. */
 halo_result_t halo_plan_forward_start(halo_plan_t plan, const void *x, void *out) {
+    IN_CHILD_REFUSE();
     return (halo_result_t)haloGoPlanStart((uintptr_t)plan, HALO_CALL_FORWARD, (void *)x, out, NULL, error_buffer(), HALO_ERRLEN);
 }
 
 halo_result_t halo_plan_backward_start(halo_plan_t plan, const void *grad_out, void *grad_x) {
+    IN_CHILD_REFUSE();
     return (halo_result_t)haloGoPlanStart((uintptr_t)plan, HALO_CALL_BACKWARD, (void *)grad_out, grad_x, NULL, error_buffer(), HALO_ERRLEN);
 }
 
 halo_result_t halo_plan_halos_forward_start(halo_plan_t plan, const void *x, void *left, void *right) {
+    IN_CHILD_REFUSE();
     return (halo_result_t)haloGoPlanStart((uintptr_t)plan, HALO_CALL_HALOS_FORWARD, (void *)x, left, right, error_buffer(), HALO_ERRLEN);
 }
 
 halo_result_t halo_plan_halos_backward_start(halo_plan_t plan, const void *grad_left, const void *grad_right, void *grad_x) {
+    IN_CHILD_REFUSE();
     return (halo_result_t)haloGoPlanStart((uintptr_t)plan, HALO_CALL_HALOS_BACKWARD, (void *)grad_left, (void *)grad_right, grad_x, error_buffer(), HALO_ERRLEN);
 }
 
 halo_result_t halo_plan_test(halo_plan_t plan, halo_direction_t direction, int *done) {
+    IN_CHILD_REFUSE();
     return (halo_result_t)haloGoPlanTest((uintptr_t)plan, (int)direction, done, error_buffer(), HALO_ERRLEN);
 }
 
 halo_result_t halo_plan_wait(halo_plan_t plan, halo_direction_t direction) {
+    IN_CHILD_REFUSE();
     return (halo_result_t)haloGoPlanWait((uintptr_t)plan, (int)direction, error_buffer(), HALO_ERRLEN);
 }
 
 halo_result_t halo_comm_abort(halo_comm_t comm) {
+    IN_CHILD_REFUSE();
     return (halo_result_t)haloGoCommAbort((uintptr_t)comm, error_buffer(), HALO_ERRLEN);
 }
 
 halo_result_t halo_plan_create_multi(halo_comm_t comm, int count, const halo_plan_params_t *params, halo_plan_t *plan) {
+    IN_CHILD_REFUSE();
     return (halo_result_t)haloGoPlanCreateMulti((uintptr_t)comm, count, (halo_plan_params_t *)params, plan, error_buffer(), HALO_ERRLEN);
 }
 
 #define HALO_MULTI(name, call, start, A, B, C)                                                             \
     halo_result_t name(halo_plan_t plan, A, B, C) {                                                       \
+        IN_CHILD_REFUSE();                                                                                 \
         return (halo_result_t)haloGoPlanMulti((uintptr_t)plan, call, start, (void **)a, (void **)b, (void **)c, \
                                               error_buffer(), HALO_ERRLEN);                                \
     }
 #define HALO_MULTI2(name, call, start, A, B)                                                                     \
     halo_result_t name(halo_plan_t plan, A, B) {                                                                \
+        IN_CHILD_REFUSE();                                                                                       \
         return (halo_result_t)haloGoPlanMulti((uintptr_t)plan, call, start, (void **)a, (void **)b, NULL, error_buffer(), \
                                               HALO_ERRLEN);                                                      \
     }
@@ -157,15 +212,18 @@ HALO_MULTI(halo_plan_halos_forward_multi_start, HALO_CALL_HALOS_FORWARD, 1, cons
 HALO_MULTI(halo_plan_halos_backward_multi_start, HALO_CALL_HALOS_BACKWARD, 1, const void *const *a, const void *const *b, void *const *c)
 
 halo_result_t halo_plan_destroy(halo_plan_t plan) {
+    IN_CHILD_FORGET();
     return (halo_result_t)haloGoPlanDestroy((uintptr_t)plan, error_buffer(), HALO_ERRLEN);
 }
 
 halo_result_t halo_exchange(halo_plan_t plan, halo_direction_t direction, void *const *buffers, size_t count, void *stream) {
+    IN_CHILD_REFUSE();
     return (halo_result_t)haloGoExchange((uintptr_t)plan, (int)direction, (void **)buffers, count, (uintptr_t)stream, error_buffer(), HALO_ERRLEN);
 }
 
 halo_result_t halo_exchange_start(halo_plan_t plan, halo_direction_t direction, void *const *buffers, size_t count,
                                   void *stream, halo_request_t *request) {
+    IN_CHILD_REFUSE();
     /* A stream is a handle, not memory (CU_STREAM_LEGACY is 0x1): it crosses
      * as a number, never in a type Go's garbage collector takes for a pointer. */
     return (halo_result_t)haloGoExchangeStart((uintptr_t)plan, (int)direction, (void **)buffers, count, (uintptr_t)stream, request,
@@ -173,13 +231,16 @@ halo_result_t halo_exchange_start(halo_plan_t plan, halo_direction_t direction, 
 }
 
 halo_result_t halo_request_test(halo_request_t request, int *done) {
+    IN_CHILD_REFUSE();
     return (halo_result_t)haloGoRequestTest((uintptr_t)request, done, error_buffer(), HALO_ERRLEN);
 }
 
 halo_result_t halo_request_wait(halo_request_t request, void *stream) {
+    IN_CHILD_REFUSE();
     return (halo_result_t)haloGoRequestWait((uintptr_t)request, (uintptr_t)stream, error_buffer(), HALO_ERRLEN);
 }
 
 halo_result_t halo_request_free(halo_request_t request) {
+    IN_CHILD_FORGET();
     return (halo_result_t)haloGoRequestFree((uintptr_t)request, error_buffer(), HALO_ERRLEN);
 }

@@ -2,7 +2,6 @@ package main
 
 import (
 	"fmt"
-	"os"
 	"sync"
 	"unsafe"
 
@@ -23,11 +22,7 @@ type commEntry struct {
 	c       *comm.Comm
 	plans   map[uintptr]*planEntry
 	address unsafe.Pointer // C copy of the worker address, made on demand
-	// pid is the process that made the communicator. A forked child
-	// inherits the registry but not the communicator: its transport's
-	// endpoints, shared memory and epoll sets are the parent's, so the
-	// child's destroy only forgets it (see inherited).
-	pid int
+	// A forked child never gets here: halo.c refuses or forgets its calls.
 }
 
 type planEntry struct {
@@ -113,13 +108,4 @@ func badHandle(h uintptr, want string, kind uint64) error {
 		return fmt.Errorf("%w: %s handle %#x is not live (already destroyed?)", errHandle, want, h)
 	}
 	return fmt.Errorf("%w: %#x is %s, not a live %s", errHandle, h, kindName(h), want)
-}
-
-// inherited reports whether the communicator was made by another process
-// than this one: this is a fork of its maker (an atexit handler or a
-// finaliser in the child is the usual caller). Such a destroy must stay
-// local: a goodbye would tell the peers that the parent is gone, and
-// closing UCX would tear down state the parent still uses.
-func inherited(e *commEntry) bool {
-	return e.pid != os.Getpid()
 }

@@ -244,14 +244,13 @@ func (c *Comm) Owned(p *halo.Plan, d halo.Direction) bool {
 // and its exchange is cancelled (a freed one's too: a destroy never waits
 // for the wire).
 func (c *Comm) ClosePlan(p *halo.Plan) error {
-	c.ForgetPlan(p)
+	c.forgetPlan(p)
 	c.Quiesce()
 	return p.Close()
 }
 
-// ForgetPlan ends the host requests in flight on p, as ClosePlan, without
-// touching the plan (a forked child's, which is its parent's).
-func (c *Comm) ForgetPlan(p *halo.Plan) {
+// forgetPlan ends the host requests in flight on p.
+func (c *Comm) forgetPlan(p *halo.Plan) {
 	c.st.mu.Lock()
 	defer c.st.mu.Unlock()
 	if o := c.st.owners[p]; o != nil {

@@ -143,6 +143,15 @@ class Communicator:
     waited: list
 
     def __init__(self, group, timeout: float | None = None):
+        if _forked_from is not None:
+            # Refused before the gathers: they would run on the parent's
+            # process group, whose sockets this child shares.
+            raise HaloError(
+                _lib.ERR_INVALID_STATE,
+                f"halocp: this process (pid {os.getpid()}) was forked from process {_forked_from}, which had "
+                "loaded libhalo; Go's runtime does not survive a fork, so halocp cannot exchange here. Use it "
+                "in a process started by exec (multiprocessing's or torch.multiprocessing's spawn)",
+            )
         self.cuda_path, self.cuda_layouts, self.dropped, self.routes = None, OrderedDict(), [], {}
         self.waited = []
         self.group = group
@@ -276,16 +285,20 @@ class Communicator:
 _comms: dict = {}
 _comms_lock = threading.Lock()
 _made: weakref.WeakSet = weakref.WeakSet()  # every Communicator of this process
+_forked_from: int | None = None  # the parent that had loaded libhalo, in a forked child
 
 
 def _forked() -> None:
     """In a forked child: a communicator belongs to the process that made it
     (its transport's endpoints and shared memory are the parent's), so the
     child forgets every one it inherited, and its atexit, finalisers and
-    destroy_communicator never speak for the parent. The group then gets a
-    new communicator if the child makes one."""
-    global _comms_lock
+    destroy_communicator never speak for the parent. Where the parent had
+    loaded libhalo, the child cannot make a new one (libhalo refuses every
+    call there but destroy); a parent that had not leaves the child free."""
+    global _comms_lock, _forked_from
     _comms_lock = threading.Lock()  # the fork may have copied it held
+    if _lib._lib is not None and _forked_from is None:
+        _forked_from = os.getppid()
     for c in list(_made):
         c._inherited()
     _comms.clear()

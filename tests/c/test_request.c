@@ -561,9 +561,10 @@ static int abort_plan_main(int port) {
 }
 
 /* Finding: a forked child that destroyed the communicator it inherited
- * (an atexit handler does) told the peers this rank was gone. A
+ * (an atexit handler does) told the peers this rank was gone; and a child
+ * that enters Go can hang on a lock another thread held at the fork. A
  * communicator belongs to the process that made it: in a child, destroy
- * only forgets it. */
+ * only forgets it and every other call is refused at once. */
 static int fork_main(int port) {
     halo_comm_t c = make_comm(port, 20000);
     int64_t shape[1] = {8};
@@ -576,6 +577,10 @@ static int fork_main(int port) {
     if (g_rank == 0) {
         pid_t child = fork();
         if (child == 0) {
+            /* Refused at once, saying why; destroy only forgets. */
+            if (halo_plan_forward(plan, x, out) != HALO_ERR_INVALID_STATE || !strstr(halo_last_error(), "forked from process"))
+                _exit(4);
+            if (halo_plan_destroy(plan) != HALO_SUCCESS) _exit(5);
             int rc = halo_comm_destroy(c);
             _exit(rc == HALO_SUCCESS ? 0 : 3);
         }

@@ -539,7 +539,7 @@ def scenario_timeout():
 
 def scenario_fork():
     """A communicator belongs to the process that made it: rank 0 forks a
-    child that uses nothing and leaves through sys.exit, which runs
+    child whose exchange is refused, which then leaves through sys.exit, which runs
     halocp's atexit; the child must not destroy the communicator it
     inherited (its goodbye made the peers fail PEER_FAILED), and both ranks
     then exchange as before."""
@@ -552,6 +552,15 @@ def scenario_fork():
         faulthandler.cancel_dump_traceback_later()
         pid = os.fork()
         if pid == 0:
+            # An exchange here is refused at once, before any gather on the
+            # parent's group, saying why; then the exit.
+            try:
+                halocp.cp_halo_exchange(x, 1, 1, 1)
+                os._exit(4)
+            except halocp.HaloError as e:
+                if "forked from process" not in str(e):
+                    print(f"the child's exchange failed otherwise: {e}", flush=True)
+                    os._exit(5)
             sys.exit(0)
         faulthandler.dump_traceback_later(float(os.environ.get("HALOCP_TEST_DEADLINE", "100")) - 5, exit=True)
         deadline = time.monotonic() + 20
