@@ -341,9 +341,12 @@ halo_result_t halo_comm_get_rank(halo_comm_t comm, int *rank, int *world_size);
  * HALO_ERR_PEER_FAILED naming it. Its requests end: a later
  * halo_request_test or halo_request_wait on one fails with
  * HALO_ERR_INVALID_STATE naming the destroy (halo_request_free releases it).
- * A communicator belongs to the process that made it: called in a forked
- * child (an atexit handler, say), this and halo_plan_destroy only forget the
- * handle there, and tell the peers nothing.
+ * A communicator belongs to the process that made it. In a process forked
+ * from one that had loaded libhalo (Go's runtime does not survive a fork),
+ * this, halo_plan_destroy and halo_request_free only return HALO_SUCCESS
+ * (an atexit handler there tells the peers nothing), and every other call
+ * fails at once with HALO_ERR_INVALID_STATE naming both processes: use
+ * libhalo in a process started by exec.
  */
 halo_result_t halo_comm_destroy(halo_comm_t comm);
 
