@@ -17,8 +17,6 @@ Python over ``libhalo.so`` through ctypes; the library is found through
 checkout's ``build/lib``, or on the dynamic loader's path.
 """
 
-import torch
-
 from ._comm import Communicator, clear_plans, communicator, destroy_communicator
 from ._lib import (
     ERR_COMM_FAILED,
@@ -43,9 +41,6 @@ from .halo_sum import cp_halo_sum
 from .tiles import TileGrid, tile_halo_exchange
 from . import nn
 from . import diffusers  # imports no diffusers: the VAEs' converters look blocks up by name
-
-if hasattr(torch.library, "custom_op"):  # PyTorch >= 2.4: the ops torch.compile traces
-    from . import _ops
 
 # include/halo.h's version (the source); pyproject.toml reads this line and
 # tests/python/test_abi.py checks it against the header.

@@ -20,8 +20,8 @@ import torch
 from torch import Tensor
 
 from . import _cuda, _host, _inflight, _lib
-from ._comm import communicator, group_token
-from ._layout import dim_order, empty_in_order, is_compiling, resized as _halo_shape
+from ._comm import communicator, group_token, token_group
+from ._layout import Like, dim_order, empty_in_order, is_compiling, padded_shape, resized as _halo_shape
 from ._inflight import Exchange
 from ._lib import HaloError
 
@@ -274,7 +274,7 @@ def halo_exchange_(padded: Tensor, left_size: int, right_size: int, dim: int, gr
     record = _recording(padded)
     _check_padded(padded, left, right, dim, record)
     if is_compiling():
-        # The out-of-place op on the interior, copied back (see _ops.py).
+        # The out-of-place op on the interior, copied back (see the ops below).
         n = padded.shape[dim] - left - right
         out = torch.ops.halocp.exchange(padded.narrow(dim, left, n), left, right, dim, _token(group), padding_mode)
         return padded.copy_(out)
@@ -345,3 +345,105 @@ def halos_start(x: Tensor, left_size: int, right_size: int, dim: int, group=None
     if x.is_neg():
         x = x.resolve_neg()
     return _start(_Halos, x, route(HALOS, x, left, right, dim, group, padding_mode), _recording(x))
+
+
+# ------------------------------------------------------ for torch.compile
+# Dynamo cannot trace into ctypes, so a compiled model sees each exchange as
+# one opaque torch.library op with a fake (meta) implementation that gives
+# the result's shape and strides, and an autograd formula that calls the
+# backward op. The public functions above route here while torch.compile
+# traces them (is_compiling()); eager calls keep the autograd Functions,
+# which cost less per call (bench/RESULTS.md).
+#
+# The in-place form is not an op of its own: under compile halo_exchange_ is
+# the out-of-place op on the interior copied back into the buffer (autograd
+# of a mutating custom op is not supported by torch.library), which gives
+# the same values and gradients at the cost of one copy of the buffer.
+#
+# A process group cannot be an op argument: ops take a token (the group's
+# name, "" for the default group) that _comm.group_token hands out and
+# _comm.token_group resolves.
+
+
+@torch.library.custom_op("halocp::exchange", mutates_args=())
+def _exchange_op(x: Tensor, left: int, right: int, dim: int, group: str, padding_mode: str) -> Tensor:
+    with torch.no_grad():
+        out = cp_halo_exchange(x, left, right, dim, token_group(group), padding_mode)
+    return out if out is not x else x.clone()  # an op's output never aliases its input
+
+
+@_exchange_op.register_fake
+def _(x, left, right, dim, group, padding_mode):
+    return empty_in_order(padded_shape(x.shape, dim, left + right), dim_order(x), x.dtype, x.device)
+
+
+@torch.library.custom_op("halocp::exchange_backward", mutates_args=())
+def _exchange_backward_op(grad_out: Tensor, x_shape: list[int], x_strides: list[int], left: int, right: int,
+                          dim: int, group: str, padding_mode: str) -> Tensor:
+    x = Like(x_shape, x_strides, grad_out)
+    return route(COPY, x, left, right, dim, token_group(group), padding_mode).backward(grad_out)
+
+
+@_exchange_backward_op.register_fake
+def _(grad_out, x_shape, x_strides, left, right, dim, group, padding_mode):
+    return empty_in_order(x_shape, dim_order(Like(x_shape, x_strides, grad_out)), grad_out.dtype, grad_out.device)
+
+
+def _save_x(ctx, inputs, output):
+    x = inputs[0]
+    ctx.x = (list(x.shape), list(x.stride()))
+    ctx.args = inputs[1:]
+
+
+def _exchange_grad(ctx, grad_out):
+    return (torch.ops.halocp.exchange_backward(grad_out, *ctx.x, *ctx.args),) + (None,) * 5
+
+
+_exchange_op.register_autograd(_exchange_grad, setup_context=_save_x)
+
+
+@torch.library.custom_op("halocp::halos", mutates_args=())
+def _halos_op(x: Tensor, left: int, right: int, dim: int, group: str, padding_mode: str) -> tuple[Tensor, Tensor]:
+    with torch.no_grad():
+        return halos(x, left, right, dim, token_group(group), padding_mode)
+
+
+@_halos_op.register_fake
+def _(x, left, right, dim, group, padding_mode):
+    order = dim_order(x)
+    return (empty_in_order(_halo_shape(x.shape, dim, left), order, x.dtype, x.device),
+            empty_in_order(_halo_shape(x.shape, dim, right), order, x.dtype, x.device))
+
+
+@torch.library.custom_op("halocp::halos_backward", mutates_args=())
+def _halos_backward_op(grad_left: Tensor, grad_right: Tensor, x_shape: list[int], x_strides: list[int], left: int,
+                       right: int, dim: int, group: str, padding_mode: str) -> Tensor:
+    x = Like(x_shape, x_strides, grad_left)
+    return route(HALOS, x, left, right, dim, token_group(group), padding_mode).backward(grad_left, grad_right)
+
+
+@_halos_backward_op.register_fake
+def _(grad_left, grad_right, x_shape, x_strides, left, right, dim, group, padding_mode):
+    return empty_in_order(x_shape, dim_order(Like(x_shape, x_strides, grad_left)), grad_left.dtype, grad_left.device)
+
+
+def _halos_grad(ctx, grad_left, grad_right):
+    return (torch.ops.halocp.halos_backward(grad_left, grad_right, *ctx.x, *ctx.args),) + (None,) * 5
+
+
+_halos_op.register_autograd(_halos_grad, setup_context=_save_x)
+
+
+# halo_sum.cp_halo_sum under compile is the exchange's backward op; its own
+# backward is the exchange's forward (registered here, with the op).
+
+
+def _save_sum(ctx, inputs, output):
+    ctx.args = inputs[3:]
+
+
+def _sum_grad(ctx, grad):
+    return (torch.ops.halocp.exchange(grad, *ctx.args),) + (None,) * 7
+
+
+_exchange_backward_op.register_autograd(_sum_grad, setup_context=_save_sum)

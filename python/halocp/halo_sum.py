@@ -76,7 +76,7 @@ def cp_halo_sum(y: Tensor, left_size: int, right_size: int, dim: int, group=None
                         f"fewer than its halos ({left} + {right}); shape {tuple(y.shape)}")
     if left == 0 and right == 0:
         return y
-    if is_compiling():  # the exchange's backward op, whose backward is the exchange (_ops.py)
+    if is_compiling():  # the exchange's backward op, whose backward is the exchange (exchange.py)
         shape = padded_shape(y.shape, dim, -left - right)
         return torch.ops.halocp.exchange_backward(y, shape, strides_in_order(shape, dim_order(y)), left, right, dim,
                                                   _token(group), padding_mode)

@@ -15,8 +15,10 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch import Tensor
 
 from . import _lib
+from ._comm import token_group
 from ._lib import HaloError
 from ._sharding import distributed
 from ._layout import (contiguous_strides as _contiguous_strides, dim_order, empty_in_order, in_strides, known,
@@ -324,7 +326,7 @@ def _sharded_conv(layer, x, pads, sharded):
     # what the ranks may disagree on.
     if is_compiling() and exchanges:
         # Each rank's output count is data (the other ranks' lengths): ops
-        # whose fake implementations give it as an unbacked size (_ops.py).
+        # whose fake implementations give it as an unbacked size (below).
         splits = [torch.ops.halocp.conv_split(x, dim, row, _token(group), name) for dim, group, _, _, row in exchanges]
         for dim, group, left, right, _ in exchanges:
             x = cp_halo_exchange(x, left, right, dim, group, modes[dim - 2])
@@ -403,6 +405,94 @@ def _output_shape(x, weight, dims, stride, padding, dilation):
         e = dilation[i] * (weight.shape[2 + i] - 1)
         shape.append(None if 2 + i in dims else max((x.shape[2 + i] + 2 * padding[i] - e - 1) // stride[i] + 1, 0))
     return shape
+
+
+# ------------------------------------- the general path's torch.library ops
+# For torch.compile (exchange.py says why ops). A strided or padded layer's
+# output count along a sharded dim depends on every rank's shard length,
+# data to a traced graph: given as an unbacked size (new_dynamic_size, which
+# dynamo allows under fullgraph=True). Each op runs the eager path's own
+# functions (_split, _conv_window), so both paths compute the same split.
+# conv_split exchanges the lengths (and checks that the ranks agree, before
+# any halo travels, as the eager path does) and gives this rank's (phase,
+# count) as a tensor; window_conv convolves the window of the exchanged
+# shard that its outputs read, its fake giving the count as an unbacked
+# size. window_conv's backward is local: the exchanges' backwards (their own
+# ops) return the halos' gradients, on every rank, a rank with no outputs
+# included.
+
+
+@torch.library.custom_op("halocp::conv_split", mutates_args=())
+def _conv_split_op(x: Tensor, dim: int, row: list[int], group: str, layer: str) -> Tensor:
+    return torch.tensor(_split(layer, dim, token_group(group), row), dtype=torch.int64)
+
+
+@_conv_split_op.register_fake
+def _(x, dim, row, group, layer):
+    return torch.empty(2, dtype=torch.int64)
+
+
+@torch.library.custom_op("halocp::window_conv", mutates_args=())
+def _window_conv_op(padded: Tensor, weight: Tensor, bias: Tensor | None, splits: Tensor, dims: list[int],
+                    stride: list[int], padding: list[int], dilation: list[int], groups: int) -> Tensor:
+    window, shape = _conv_window(padded, weight, splits.tolist(), dims, stride, padding, dilation)
+    strides = strides_in_order(shape, dim_order(padded))
+    if window is None:
+        return torch.empty_strided(shape, strides, dtype=padded.dtype, device=padded.device)
+    y = _CONV[padded.dim() - 2](window, weight, bias, stride, padding, dilation, groups)
+    return in_strides(y, strides)
+
+
+@_window_conv_op.register_fake
+def _(padded, weight, bias, splits, dims, stride, padding, dilation, groups):
+    shape = _output_shape(padded, weight, dims, stride, padding, dilation)
+    ctx = torch.library.get_ctx()
+    for dim in dims:
+        shape[dim] = ctx.new_dynamic_size()
+    return empty_in_order(shape, dim_order(padded), padded.dtype, padded.device)
+
+
+@torch.library.custom_op("halocp::window_conv_backward", mutates_args=())
+def _window_conv_backward_op(grad: Tensor, padded: Tensor, weight: Tensor, splits: Tensor, dims: list[int],
+                             stride: list[int], padding: list[int], dilation: list[int], groups: int,
+                             mask: list[bool]) -> tuple[Tensor, Tensor, Tensor]:
+    splits = splits.tolist()
+    window, _ = _conv_window(padded, weight, splits, dims, stride, padding, dilation)
+    grad_padded = torch.zeros_like(padded) if mask[0] else padded.new_empty(0)
+    if window is None:  # no outputs: zeros, as _NoOutput's
+        grad_w = torch.zeros_like(weight) if mask[1] else weight.new_empty(0)
+        return grad_padded, grad_w, weight.new_zeros(weight.shape[0] if mask[2] else 0)
+    bias_sizes = [weight.shape[0]] if mask[2] else None
+    grad_window, grad_w, grad_b = torch.ops.aten.convolution_backward(
+        grad, window, weight, bias_sizes, stride, padding, dilation, False, [0] * len(stride), groups, mask)
+    if mask[0]:
+        _conv_window(grad_padded, weight, splits, dims, stride, padding, dilation)[0].copy_(grad_window)
+    return (grad_padded, weight.new_empty(0) if grad_w is None else grad_w,
+            weight.new_empty(0) if grad_b is None else grad_b)
+
+
+@_window_conv_backward_op.register_fake
+def _(grad, padded, weight, splits, dims, stride, padding, dilation, groups, mask):
+    return (torch.empty_like(padded) if mask[0] else padded.new_empty(0),
+            torch.empty_like(weight) if mask[1] else weight.new_empty(0),
+            weight.new_empty(weight.shape[0] if mask[2] else 0))
+
+
+def _save_window(ctx, inputs, output):
+    padded, weight, bias, splits = inputs[:4]
+    ctx.save_for_backward(padded, weight, splits)
+    ctx.conv = inputs[4:]
+    ctx.has_bias = bias is not None
+
+
+def _window_conv_grad(ctx, grad):
+    padded, weight, splits = ctx.saved_tensors
+    mask = [ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.has_bias and ctx.needs_input_grad[2]]
+    grads = torch.ops.halocp.window_conv_backward(grad, padded, weight, splits, *ctx.conv, mask)
+    return tuple(g if m else None for g, m in zip(grads, mask)) + (None,) * 6
+
+
+_window_conv_op.register_autograd(_window_conv_grad, setup_context=_save_window)
 
 
 def _check_input(layer, x, nsp):

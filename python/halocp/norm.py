@@ -44,8 +44,10 @@ import weakref
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch import Tensor
 
 from . import _lib
+from ._comm import token_group
 from ._layout import is_compiling, known
 from ._lib import HaloError
 from ._sharding import disagreement, world_and_rank
@@ -171,7 +173,7 @@ def _zeros(n, device):
 
 def _statistics(mine, header, eps, group):
     """_gather's, or under torch.compile its op's: the headers are read on the
-    host, which a traced graph cannot do (_ops.py)."""
+    host, which a traced graph cannot do (the op below)."""
     if is_compiling():
         return torch.ops.halocp.norm_statistics(mine, header, eps, _token(group))
     return _gather(mine, header, eps, group)
@@ -320,3 +322,20 @@ class GroupNorm(torch.nn.GroupNorm):
 
     def extra_repr(self) -> str:
         return super().extra_repr() + f", sharded dim={self.dim}"
+
+
+# ------------------------------------------------------ torch.library ops
+# For torch.compile (exchange.py says why ops): the statistics' all_gather
+# with the ranks' headers, which are read and checked on the host (_gather):
+# an op, as the graph cannot raise on what the ranks sent. Its gradient is never needed: the layer's backward
+# is the autograd Function's, which takes none through the statistics.
+
+
+@torch.library.custom_op("halocp::norm_statistics", mutates_args=())
+def _norm_statistics_op(mine: Tensor, header: list[int], eps: float, group: str) -> Tensor:
+    return _gather(mine, header, eps, token_group(group)).contiguous()
+
+
+@_norm_statistics_op.register_fake
+def _(mine, header, eps, group):
+    return mine.new_empty((dist.get_world_size(token_group(group)),) + tuple(mine.shape))

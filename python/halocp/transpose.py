@@ -26,11 +26,14 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch import Tensor
 
 from . import _lib
+from ._comm import token_group
+from ._layout import dim_order, empty_in_order, in_strides, strides_in_order
 from ._lib import HaloError
 from ._sharding import disagreement, distributed, shard_table, world_and_rank
-from .exchange import _token, is_compiling
+from .exchange import _token, cp_halo_exchange, is_compiling
 from .halo_sum import cp_halo_sum
 
 __all__ = ["ConvTranspose3d"]
@@ -133,7 +136,7 @@ def _sharded_conv_transpose(layer, x):
             list(layer.dilation)]
     if is_compiling():
         # The length of this rank's output is data (the other ranks'
-        # lengths): ops whose fake gives it as an unbacked size (_ops.py).
+        # lengths): ops whose fake gives it as an unbacked size (below).
         token = _token(layer.group)
         span = torch.ops.halocp.transpose_span(x, row, token)
         y = torch.ops.halocp.conv_transpose_sum(x, layer.weight, span, *conv, layer.left, layer.right, token)
@@ -194,3 +197,97 @@ def _place(z, offset, size):
     if lo == 0 and keep == z.shape[2] == size:
         return z
     return F.pad(z.narrow(2, lo - offset if keep else 0, keep), (0, 0, 0, 0, lo, size - lo - keep))
+
+
+# ------------------------------------------------------ torch.library ops
+# For torch.compile (exchange.py says why ops), nn.py's split for the
+# transposed convolution: transpose_span exchanges the rows (and checks
+# them) and gives where this rank's local output goes in the summing
+# exchange's input, as a tensor; conv_transpose_sum convolves the shard,
+# places the result there and sums, its fake giving the output length as an
+# unbacked size. (The convolution is inside the op: inductor lowers a
+# convolution only over sizes it has a hint for, and the shard's length may
+# be data too, a strided layer's output.) Its backward is the exchange's
+# forward, then the placement's and the convolution's adjoints.
+
+
+@torch.library.custom_op("halocp::transpose_span", mutates_args=())
+def _transpose_span_op(x: Tensor, row: list[int], group: str) -> Tensor:
+    return torch.tensor(_span(row, token_group(group), x.device), dtype=torch.int64)
+
+
+@_transpose_span_op.register_fake
+def _(x, row, group):
+    return torch.empty(2, dtype=torch.int64)
+
+
+def _fresh(t: Tensor, strides, of: Tensor) -> Tensor:
+    """t in strides, never sharing of's memory (an op's output never
+    aliases its input)."""
+    t = in_strides(t, strides)
+    return t.clone() if t.numel() and t.data_ptr() == of.data_ptr() else t
+
+
+@torch.library.custom_op("halocp::conv_transpose_sum", mutates_args=())
+def _conv_transpose_sum_op(x: Tensor, weight: Tensor, span: Tensor, stride: list[int], padding: list[int],
+                           output_padding: list[int], groups: int, dilation: list[int], left: int, right: int,
+                           group: str) -> Tensor:
+    offset, size = span.tolist()
+    z, _ = _local(x, weight, (stride, padding, output_padding, groups, dilation))
+    with torch.no_grad():
+        y = cp_halo_sum(_place(z, offset, size), left, right, 2, token_group(group))
+    return _fresh(y, strides_in_order(y.shape, dim_order(x)), x)
+
+
+@_conv_transpose_sum_op.register_fake
+def _(x, weight, span, stride, padding, output_padding, groups, dilation, left, right, group):
+    shape = [x.shape[0], weight.shape[1] * groups, torch.library.get_ctx().new_dynamic_size()]
+    for i in (1, 2):  # torch's formula
+        k = dilation[i] * (weight.shape[2 + i] - 1)
+        shape.append((x.shape[2 + i] - 1) * stride[i] - 2 * padding[i] + k + output_padding[i] + 1)
+    return empty_in_order(shape, dim_order(x), x.dtype, x.device)
+
+
+@torch.library.custom_op("halocp::conv_transpose_sum_backward", mutates_args=())
+def _conv_transpose_sum_backward_op(grad: Tensor, x: Tensor, weight: Tensor, span: Tensor, stride: list[int],
+                                    padding: list[int], output_padding: list[int], groups: int, dilation: list[int],
+                                    left: int, right: int, group: str, mask: list[bool]) -> tuple[Tensor, Tensor]:
+    offset, _ = span.tolist()
+    n, order = x.shape[2], dim_order(x)
+    if n == 0:  # as _local convolved it
+        x = torch.nn.functional.pad(x, (0, 0, 0, 0, 0, 1))
+    z_frames = (x.shape[2] - 1) * stride[0] + dilation[0] * (weight.shape[2] - 1) + 1
+    with torch.no_grad():  # in the forward's layout, whose plan exists
+        g = cp_halo_exchange(in_strides(grad, strides_in_order(grad.shape, order)), left, right, 2,
+                             token_group(group))
+    grad_z = _place(g, -offset, z_frames)
+    grad_x, grad_w, _ = torch.ops.aten.convolution_backward(grad_z, x, weight, None, stride, padding, dilation, True,
+                                                            output_padding, groups, [mask[0], mask[1], False])
+    if grad_x is None:
+        grad_x = x.new_empty(0)
+    else:
+        grad_x = grad_x.narrow(2, 0, n)
+        grad_x = in_strides(grad_x, strides_in_order(grad_x.shape, order))
+    return grad_x, weight.new_empty(0) if grad_w is None else grad_w
+
+
+@_conv_transpose_sum_backward_op.register_fake
+def _(grad, x, weight, span, stride, padding, output_padding, groups, dilation, left, right, group, mask):
+    return (empty_in_order(x.shape, dim_order(x), x.dtype, x.device) if mask[0] else x.new_empty(0),
+            torch.empty_like(weight) if mask[1] else weight.new_empty(0))
+
+
+def _save_conv_transpose(ctx, inputs, output):
+    x, weight, span = inputs[:3]
+    ctx.save_for_backward(x, weight, span)
+    ctx.args = inputs[3:]
+
+
+def _conv_transpose_sum_grad(ctx, grad):
+    x, weight, span = ctx.saved_tensors
+    mask = list(ctx.needs_input_grad[:2])
+    grad_x, grad_w = torch.ops.halocp.conv_transpose_sum_backward(grad, x, weight, span, *ctx.args, mask)
+    return (grad_x if mask[0] else None, grad_w if mask[1] else None) + (None,) * 9
+
+
+_conv_transpose_sum_op.register_autograd(_conv_transpose_sum_grad, setup_context=_save_conv_transpose)

@@ -131,3 +131,57 @@ def test_one_autograd_stack():
     assert len(_functions(PACKAGE / "exchange.py")) == 3, _functions(PACKAGE / "exchange.py")
     for path in (PACKAGE / "_host.py", PACKAGE / "_cuda.py", PACKAGE / "_inflight.py"):
         assert not _functions(path), f"{path.name} defines autograd Functions {_functions(path)}: a second stack"
+
+
+# ---------------------------------------------------------- issue 34 §2
+def _op_names(path: Path) -> tuple[set[str], set[str]]:
+    """(the halocp ops a module registers, those it calls): a registration
+    is a call whose first argument is "halocp::NAME" (torch.library's
+    custom_op, define, triton_op: whatever form), a use names
+    torch.ops.halocp.NAME."""
+    import re
+
+    registered, used = set(), set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if (isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant)
+                and isinstance(node.args[0].value, str) and (m := re.match(r"halocp::(\w+)", node.args[0].value))):
+            registered.add(m.group(1))
+        elif isinstance(node, ast.Attribute) and ast.unparse(node.value) == "torch.ops.halocp":
+            used.add(node.attr)
+    return registered, used
+
+
+def _imported(graph, module) -> set[str]:
+    """module and every module of the package it imports, at any depth."""
+    seen, todo = set(), [module]
+    while todo:
+        m = todo.pop()
+        if m not in seen:
+            seen.add(m)
+            todo.extend(graph[m])
+    return seen
+
+
+def test_ops_are_registered_where_they_are_called():
+    """A module that calls torch.ops.halocp.NAME registers NAME itself or
+    imports the module that does: an op must not exist only because
+    halocp/__init__.py happened to import its registration first."""
+    graph = _graph()
+    ops = {p.stem: _op_names(p) for p in PACKAGE.glob("*.py")}
+    owner = {}
+    for m, (registered, _) in ops.items():
+        for name in registered:
+            assert name not in owner, f"halocp::{name} is registered in {owner[name]}.py and {m}.py"
+            owner[name] = m
+    assert {"exchange", "window_conv", "norm_statistics"} <= set(owner), owner  # the walk sees them
+    missing = [f"{m}.py calls torch.ops.halocp.{name}, registered in "
+               f"{owner[name] + '.py' if name in owner else 'no module'}, which it does not import"
+               for m, (_, used) in sorted(ops.items()) for name in sorted(used)
+               if owner.get(name) not in _imported(graph, m)]
+    assert not missing, "\n  ".join(["ops used where they may not exist:"] + missing)
+
+
+def test_no_ops_module():
+    """Each op lives beside the eager code it twins: no _ops module
+    gathering them above the modules that call them."""
+    assert not (PACKAGE / "_ops.py").exists() and not (PACKAGE / "_ops").exists()
