@@ -41,8 +41,10 @@ def test_ranks(ranks, scenario):
 def test_refuses_unknown_class():
     from diffusers import AutoencoderKL
 
-    with pytest.raises(TypeError, match="AutoencoderKL is not supported; supported: AutoencoderKLLTXVideo, AutoencoderKLCogVideoX"):
+    with pytest.raises(TypeError, match="AutoencoderKL is not supported; supported: ") as e:
         hd.parallelize_vae(AutoencoderKL(block_out_channels=(4,), norm_num_groups=2, latent_channels=2))
+    named = str(e.value).split("supported: ")[-1].split(", ")
+    assert named == list(hd.supported_classes()) and {"AutoencoderKLLTXVideo", "AutoencoderKLCogVideoX"} <= set(named)
 
 
 def test_split():

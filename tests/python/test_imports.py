@@ -14,23 +14,43 @@ PACKAGE = Path(__file__).resolve().parents[2] / "python" / "halocp"
 LEAVES = ("_layout",)
 
 
+def _modules() -> dict[str, Path]:
+    """The package's modules by dotted name below halocp ("nn",
+    "diffusers" for diffusers/__init__.py, "diffusers.ltx")."""
+    out = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(PACKAGE).with_suffix("").parts
+        if parts[-1] == "__init__" and len(parts) > 1:
+            parts = parts[:-1]
+        out[".".join(parts)] = path
+    return out
+
+
 def _graph() -> dict[str, set[str]]:
     """module -> the package's modules it imports (relative or absolute)."""
-    modules = {p.stem for p in PACKAGE.glob("*.py")}
+    modules = _modules()
     graph = {}
-    for path in PACKAGE.glob("*.py"):
+    for name, path in modules.items():
+        # the package a relative import of level 1 starts from
+        here = name.split(".") if path.name == "__init__.py" and name != "__init__" else name.split(".")[:-1]
         deps = set()
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if isinstance(node, ast.ImportFrom):
-                if node.level == 1 or (node.module or "").split(".")[0] == "halocp":
-                    base = (node.module or "").removeprefix("halocp").lstrip(".") if node.level == 0 else node.module
-                    if base:
-                        deps.add(base.split(".")[0])
-                    else:  # from . import a, b
-                        deps.update(a.name for a in node.names)
+                if node.level:
+                    base = here[:len(here) - (node.level - 1)] if node.level - 1 <= len(here) else None
+                    if base is None:
+                        continue
+                    base = [*base, *(node.module.split(".") if node.module else [])]
+                elif (node.module or "").split(".")[0] == "halocp":
+                    base = node.module.split(".")[1:]
+                else:
+                    continue
+                # from . import a, b: the modules a and b; from .m import f: m
+                subs = {".".join([*base, a.name]) for a in node.names} & modules.keys()
+                deps.update(subs or {".".join(base)})
             elif isinstance(node, ast.Import):
-                deps.update(a.name.split(".")[1] for a in node.names if a.name.startswith("halocp."))
-        graph[path.stem] = {d for d in deps if d in modules and d != path.stem}
+                deps.update(a.name.removeprefix("halocp.") for a in node.names if a.name.startswith("halocp."))
+        graph[name] = {d for d in deps if d in modules and d != name}
     return graph
 
 
@@ -113,7 +133,7 @@ def test_only_lib_knows_the_c_boundary():
     _lib's functions and its Plan."""
     c_names = _c_names()
     assert "halo_exchange_start" in c_names and "halo_plan_params_t" in c_names, "the header's names were not read"
-    found = [u for p in sorted(PACKAGE.glob("*.py")) if p.stem != "_lib" for u in _boundary_uses(p, c_names)]
+    found = [u for m, p in sorted(_modules().items()) if m != "_lib" for u in _boundary_uses(p, c_names)]
     assert not found, "the C boundary is crossed outside _lib.py:\n  " + "\n  ".join(found)
 
 
@@ -167,7 +187,7 @@ def test_ops_are_registered_where_they_are_called():
     imports the module that does: an op must not exist only because
     halocp/__init__.py happened to import its registration first."""
     graph = _graph()
-    ops = {p.stem: _op_names(p) for p in PACKAGE.glob("*.py")}
+    ops = {m: _op_names(p) for m, p in _modules().items()}
     owner = {}
     for m, (registered, _) in ops.items():
         for name in registered:
@@ -185,3 +205,23 @@ def test_no_ops_module():
     """Each op lives beside the eager code it twins: no _ops module
     gathering them above the modules that call them."""
     assert not (PACKAGE / "_ops.py").exists() and not (PACKAGE / "_ops").exists()
+
+
+# ---------------------------------------------------- halocp.diffusers
+def test_diffusers_families_stand_alone():
+    """halocp.diffusers: one module per model family, each with its MODELS
+    and BLOCKS tables, importing no other family (what they share is in
+    _convert); the package lists every family it holds."""
+    graph, shared = _graph(), {"diffusers._convert", "diffusers.split"}
+    families = {m for m in graph if m.startswith("diffusers.") and m not in shared}
+    assert {"diffusers.ltx", "diffusers.cogvideox"} <= families, families
+    init = ast.parse((PACKAGE / "diffusers" / "__init__.py").read_text())
+    listed = next(node.value for node in ast.walk(init) if isinstance(node, ast.Assign)
+                  and any(isinstance(t, ast.Name) and t.id == "_FAMILIES" for t in node.targets))
+    assert {f"diffusers.{e.id}" for e in listed.elts} == families, "diffusers/__init__.py's _FAMILIES"
+    for m in sorted(families):
+        assert not graph[m] & families, f"halocp.{m} imports another family: {sorted(graph[m] & families)}"
+        tree = ast.parse(_modules()[m].read_text())
+        names = {t.id for node in tree.body if isinstance(node, ast.Assign) for t in node.targets
+                 if isinstance(t, ast.Name)}
+        assert {"MODELS", "BLOCKS"} <= names, f"halocp.{m} has no MODELS or BLOCKS table"

@@ -1,0 +1,140 @@
+"""What every model's converters share: halocp.nn's layers in place of
+torch's, sharing the model's Parameters; a block's forward overridden; the
+layers left after the blocks; the check that nothing over time is left."""
+
+from __future__ import annotations
+
+import types
+
+import torch
+
+from .. import nn as cpnn
+from .._sharding import world_and_rank
+
+
+def replace(parent, name, new):
+    parent._modules[name] = new
+
+
+def adopt(new, old):
+    """Give ``new`` (built on the meta device) ``old``'s parameters, the
+    same Parameter objects, so optimisers and state_dict see no change."""
+    new.weight = old.weight
+    if old.bias is not None:
+        new.bias = old.bias
+    return new
+
+
+def conv3d(conv, group, causal, temporal_padding_mode):
+    """halocp.nn's conv in place of torch's Conv3d ``conv`` whose temporal
+    padding its owner did by hand: causal (K-1 frames before) or centred."""
+    kt = conv.kernel_size[0]
+    if conv.dilation[0] != 1:
+        raise NotImplementedError(f"halocp.diffusers: a temporal dilation of {conv.dilation[0]} "
+                                  "(the models pad K-1 frames, whatever the dilation)")
+    if conv.padding[0] != 0:
+        raise NotImplementedError(f"halocp.diffusers: a Conv3d padding time itself ({conv.padding})")
+    cls = cpnn.CausalConv3d if causal or kt == 1 else cpnn.CenteredConv3d
+    new = cls(conv.in_channels, conv.out_channels, conv.kernel_size, stride=conv.stride, padding=conv.padding[1:],
+              dilation=conv.dilation, groups=conv.groups, bias=conv.bias is not None,
+              padding_mode=conv.padding_mode, temporal_padding_mode=temporal_padding_mode, group=group,
+              device="meta")
+    return adopt(new, conv)
+
+
+def groupnorm(norm, group):
+    new = cpnn.GroupNorm(norm.num_groups, norm.num_channels, norm.eps, norm.affine, device="meta", group=group,
+                         dim=2)
+    if norm.affine:
+        adopt(new, norm)
+    return new
+
+
+def holds_first_frame(group) -> bool:
+    """Whether this rank holds the clip's first frame: rank 0 of the group,
+    as split_clip puts it (a rank 0 with no frames is not supported)."""
+    return world_and_rank(group)[1] == 0
+
+
+def override(module, forward):
+    module.forward = types.MethodType(forward, module)
+
+
+def convert_layers(vae, group):
+    """The torch layers left after the blocks, by type: GroupNorm (its
+    statistics span time) and Conv3d one frame long in time (it needs no
+    context, but torch's refuses an empty shard)."""
+    for parent in list(vae.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child) is not torch.nn.GroupNorm and not (
+                    isinstance(child, torch.nn.Conv3d) and not isinstance(child, cpnn._ContextParallelConv3d)):
+                continue
+            if isinstance(child, torch.nn.GroupNorm):
+                replace(parent, name, groupnorm(child, group))
+            elif child.kernel_size[0] == 1 and child.stride[0] == 1 and child.padding[0] == 0 and \
+                    child.padding_mode == "zeros":
+                replace(parent, name, conv3d(child, group, True, "zeros"))
+
+
+def check_converted(vae, model):
+    """Refuse a model with a layer over time that no converter took: it
+    would compute on this rank's frames alone, silently."""
+    for name, m in vae.named_modules():
+        if isinstance(m, torch.nn.Conv3d) and not isinstance(m, cpnn._ContextParallelConv3d):
+            what = f"a {type(m).__name__} (kernel {tuple(m.kernel_size)})"
+        elif isinstance(m, torch.nn.GroupNorm) and not isinstance(m, cpnn.GroupNorm):
+            what = "a GroupNorm"
+        elif isinstance(m, (torch.nn.AvgPool3d, torch.nn.MaxPool3d, torch.nn.ConvTranspose3d)) and \
+                not isinstance(m, (cpnn.AvgPool3d, cpnn.MaxPool3d, cpnn.ConvTranspose3d)):
+            what = f"a {type(m).__name__}"
+        else:
+            continue
+        raise NotImplementedError(f"halocp.diffusers.parallelize_vae: {model}'s {name} is {what} that no "
+                                  "converter knows; it would see this rank's frames alone")
+
+
+def no_temporal_tiling(vae):
+    """Replace the model's own ways round a long clip by the sharding."""
+    for flag in ("use_tiling", "use_slicing", "use_framewise_encoding", "use_framewise_decoding"):
+        if hasattr(vae, flag):
+            setattr(vae, flag, False)
+
+    def refuse(self, *args, **kwargs):
+        raise RuntimeError("halocp.diffusers: a parallelized VAE shards the clip along time instead of tiling "
+                           "it; leave temporal tiling off")
+
+    for method in ("_temporal_tiled_encode", "_temporal_tiled_decode"):
+        if hasattr(vae, method):
+            setattr(vae, method, types.MethodType(refuse, vae))
+
+
+
+def fold_time_space(x, stride):
+    """(N, C, T, H, W) -> (N, C*st*sh*sw, T/st, H/sh, W/sw), the channel
+    index running over (c, t-phase, h-phase, w-phase), the last fastest."""
+    n, c, t, h, w = x.shape
+    st, sh, sw = stride
+    x = x.reshape(n, c, t // st, st, h // sh, sh, w // sw, sw)
+    return x.permute(0, 1, 3, 5, 7, 2, 4, 6).reshape(n, c * st * sh * sw, t // st, h // sh, w // sw)
+
+
+def unfold_time_space(x, stride):
+    """The inverse of fold_time_space."""
+    n, c, t, h, w = x.shape
+    st, sh, sw = stride
+    x = x.reshape(n, c // (st * sh * sw), st, sh, sw, t, h, w)
+    return x.permute(0, 1, 5, 2, 6, 3, 7, 4).reshape(n, c // (st * sh * sw), t * st, h * sh, w * sw)
+
+
+
+def frames_2d(x):
+    """(N, C, T, H, W) -> (N*T, C, H, W), frame by frame."""
+    n, c, t, h, w = x.shape
+    return x.transpose(1, 2).reshape(n * t, c, h, w)
+
+
+def frames_3d(y, n, t):
+    """The inverse of frames_2d."""
+    return y.reshape(n, t, *y.shape[1:]).transpose(1, 2)
+
+
