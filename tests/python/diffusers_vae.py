@@ -1,5 +1,5 @@
 """halocp.diffusers: diffusers' own video VAEs (tiny random configurations)
-converted by parallelize_vae on gloo groups of 1 to 3 local processes,
+converted by parallelize_vae on gloo groups of 1 to 4 local processes,
 against the unpatched VAE on the whole clip (tests/python/ranks_diffusers.py
 holds what each rank checks). Named outside pytest's test_*.py pattern: ctest's
 python_diffusers runs it, and skips it when diffusers is not installed.
@@ -26,7 +26,7 @@ HERE = Path(__file__).resolve().parent
 SCENARIOS = ["ltx", "ltx_shipped", "ltx095", "cogvideox"]
 
 
-@pytest.fixture(scope="module", params=[1, 2, 3], ids=lambda w: f"W{w}")
+@pytest.fixture(scope="module", params=[1, 2, 3, 4], ids=lambda w: f"W{w}")
 def ranks(request):
     """One launch of W ranks per world size, running every scenario."""
     return launch(HERE / "ranks_diffusers.py", request.param, SCENARIOS, timeout=240,
