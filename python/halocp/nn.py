@@ -22,7 +22,7 @@ from ._comm import token_group
 from ._lib import HaloError
 from ._sharding import distributed
 from ._layout import (contiguous_strides as _contiguous_strides, dim_order, empty_in_order, in_strides, known,
-                      strides_in_order)
+                      result_dtype, strides_in_order)
 from .exchange import HALOS, _empty_halos, _token, cp_halo_exchange, halos, is_compiling, route
 from .tiles import TileGrid
 from ._splits import ShardTable as _ShardTable, agree as _agree, outputs as _outputs, split as _split
@@ -123,7 +123,9 @@ class _ContextParallelConv(torch.autograd.Function):
             p = empty_in_order(_padded_frames(x, n + c), dim_order(x), x.dtype, x.device)
             y = cfg.conv(torch.cat([lh, x, rh], 2, out=p), weight, bias)
         else:  # an empty shard: no output frames, but its halos still travel
-            y = x.new_empty(cfg.output_shape(x, weight))
+            extent = [d * (k - 1) + 1 for d, k in zip(cfg.dilation, weight.shape[2:])]
+            y = x.new_empty(cfg.output_shape(x, weight),
+                            dtype=result_dtype(lambda p: cfg.conv(p, weight, bias), x, extent))
         ctx.save_for_backward(x, weight, lh, rh)
         ctx.cfg, ctx.route, ctx.fused = cfg, halo_route, fused
         return y
@@ -289,15 +291,15 @@ class _NoOutput(torch.autograd.Function):
     rank's part of the exchanges' backwards, which its peers wait for."""
 
     @staticmethod
-    def forward(ctx, padded, weight, bias, shape):
+    def forward(ctx, padded, weight, bias, shape, dtype):
         ctx.save_for_backward(padded, weight, bias)
-        return padded.new_empty(shape)
+        return padded.new_empty(shape, dtype=dtype)
 
     @staticmethod
     def backward(ctx, grad):
         padded, weight, bias = ctx.saved_tensors
         return (torch.zeros_like(padded), torch.zeros_like(weight),
-                None if bias is None else torch.zeros_like(bias), None)
+                None if bias is None else torch.zeros_like(bias), None, None)
 
 
 _CONV = {2: F.conv2d, 3: F.conv3d}
@@ -338,7 +340,9 @@ def _sharded_conv(layer, x, pads, sharded):
     x = _pad_locally(x, local, conv_padding, modes)
     window, out_shape = _conv_window(x, layer.weight, splits, dims, *conv[:3])
     if window is None:
-        return _NoOutput.apply(x, layer.weight, layer.bias, out_shape)
+        extent = [d * (k - 1) + 1 for d, k in zip(layer.dilation, layer.weight.shape[2:])]
+        dtype = result_dtype(lambda p: _CONV[nsp](p, layer.weight, layer.bias, *conv), x, extent)
+        return _NoOutput.apply(x, layer.weight, layer.bias, out_shape, dtype)
     return _CONV[nsp](window, layer.weight, layer.bias, *conv)
 
 

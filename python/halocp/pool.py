@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from . import _lib
 from ._lib import HaloError
-from ._layout import is_compiling
+from ._layout import is_compiling, result_dtype
 from ._sharding import distributed, world_and_rank
 from ._splits import split_and_lengths
 from .exchange import cp_halo_exchange
@@ -35,14 +35,14 @@ class _Empty(torch.autograd.Function):
     the exchange's backward, which its peers wait for."""
 
     @staticmethod
-    def forward(ctx, padded, shape):
+    def forward(ctx, padded, shape, dtype):
         ctx.save_for_backward(padded)
-        return padded.new_empty(shape)
+        return padded.new_empty(shape, dtype=dtype)
 
     @staticmethod
     def backward(ctx, grad):
         (padded,) = ctx.saved_tensors
-        return torch.zeros_like(padded), None
+        return torch.zeros_like(padded), None, None
 
 
 class _ShardedPool:
@@ -91,7 +91,9 @@ class _ShardedPool:
         if count == 0:
             shape = list(x.shape[:2]) + [0] + [max((x.shape[3 + i] + 2 * p[1 + i] - d[1 + i] * (k[1 + i] - 1) - 1)
                                                    // s[1 + i] + 1, 0) for i in range(2)]
-            return _Empty.apply(padded, shape)
+            extent = [d[i] * (k[i] - 1) + 1 for i in range(3)]
+            dtype = result_dtype(lambda w: self._pool(w, k, s, (0, p[1], p[2])), padded, extent)
+            return _Empty.apply(padded, shape, dtype)
         return self._pool(padded.narrow(2, phase, (count - 1) * s[0] + e + 1), k, s, (0, p[1], p[2]))
 
     def extra_repr(self) -> str:

@@ -13,6 +13,7 @@ summed over the ranks, for a loss over both latents and frames.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 
 import torch
@@ -36,6 +37,11 @@ SHIPPED_TOL = 2e-4
 # Parameters upstream of diffusers' timestep embedding, which casts to float32
 # (get_timestep_embedding): their gradients are float32 sums over frames,
 # which shards add in another order; checked as the shipped model is.
+# check_reduced's floors, beside 4x the unsharded model's own error in the
+# same precision against float64. Measured (W = 1..4): float32 up to 5.2e-5
+# relative (a parameter gradient; the unsharded float32 model itself is off
+# by up to 4.1e-5), bf16 autocast at most 3.5x the unsharded model's error.
+F32_TOL, BF16_TOL = 5e-5, 1e-3
 FLOAT32_BOUND = ("decoder.timestep_scale_multiplier",)
 
 # Each world size's splits, as the groups of `compression` frames per rank:
@@ -151,6 +157,61 @@ def gathered(t):
     return parts
 
 
+def check_reduced(build, shape_hw, tol, splits=GROUPS, whole_clip=lambda vae: None, autocast=False):
+    """The first split of this world size in float32 (``autocast``: under
+    bfloat16 autocast over float32 weights, as a bf16 training step runs),
+    forward and backward. Shards round differently from the whole clip
+    (other lengths, other summation orders), so the sharded model is held to
+    the precision's own error: against the whole model in float64, its
+    error (relative to each tensor's largest value) within 4 times the
+    whole model's in the same precision, plus ``tol``; and the same dtypes."""
+    groups = splits[ranks.WORLD][0]
+    torch.manual_seed(2000)
+    whole = build().float()
+    sharded = hd.parallelize_vae(copy.deepcopy(whole))
+    whole_clip(whole)
+    exact = copy.deepcopy(whole).double()
+    r = hd.temporal_compression(sharded)
+    split = hd.split_clip(1 + r * sum(groups), ranks.WORLD, r, groups=groups)
+    x = torch.randn(1, 3, split.num_frames, *shape_hw, dtype=torch.float64)
+    gz = gy = None
+
+    def run(model, inp):
+        nonlocal gz, gy
+        inp = inp.detach().to(next(model.parameters()).dtype).requires_grad_()
+        lowered = autocast and model is not exact
+        with torch.autocast("cpu", dtype=torch.bfloat16) if lowered else contextlib.nullcontext():
+            zz = model.encode(inp).latent_dist.mode()
+            yy = model.decode(zz).sample
+        if gz is None:
+            gz, gy = torch.randn(zz.shape, dtype=torch.float64), torch.randn(yy.shape, dtype=torch.float64)
+        grads = (gz, gy) if model is not sharded else (hd.shard_clip(gz, split, latent=True), hd.shard_clip(gy, split))
+        torch.autograd.backward((zz, yy), (grads[0].to(zz.dtype), grads[1].to(yy.dtype)))
+        out = {"latents": zz.detach(), "decoded": yy.detach(), "input grad": inp.grad}
+        for name, p in model.named_parameters():
+            g = p.grad if p.grad is not None else torch.zeros_like(p)
+            out["grad of " + name] = summed(g) if model is sharded else g
+        return out
+
+    def local(key, t):
+        return hd.shard_clip(t, split, latent=key == "latents") if key in ("latents", "decoded", "input grad") else t
+
+    def error(got, want):
+        got, want = got.double(), want.double()
+        return (got - want).abs().max().item() / max(want.abs().max().item(), 1e-30) if want.numel() else 0.0
+
+    reference, own = run(exact, x), run(whole, x)
+    got = run(sharded, hd.shard_clip(x, split))
+    what = f"{type(whole).__name__} {'bf16 autocast' if autocast else 'float32'} groups {groups}"
+    worst = ratio = 0.0
+    for key, want in reference.items():
+        expect(got[key].dtype == own[key].dtype, f"{what}: {key}: dtype {got[key].dtype}, {own[key].dtype} unsharded")
+        err, base = error(got[key], local(key, want)), error(local(key, own[key]), local(key, want))
+        expect(err <= 4 * base + tol, f"{what}: {key}: error {err:.3g} relative > 4 x {base:.3g} + {tol:.3g}")
+        worst, ratio = max(worst, err), max(ratio, err / max(base, 1e-30))
+    print(f"max error: relative {worst:.3g}, at most {ratio:.2f}x the whole model's ({what})", flush=True)
+
+
 def ltx(**config):
     from diffusers import AutoencoderKLLTXVideo
 
@@ -214,6 +275,22 @@ def one_frame_batch(vae):
     reference is the model in one call over the whole clip, as the sharded
     model computes it."""
     vae.num_sample_frames_batch_size = vae.num_latent_frames_batch_size = 1 << 30
+
+
+def _cogvideox():
+    from diffusers import AutoencoderKLCogVideoX
+
+    return AutoencoderKLCogVideoX(block_out_channels=(4, 8, 8, 8), latent_channels=4, layers_per_block=1,
+                                  norm_num_groups=2, temporal_compression_ratio=4)
+
+
+def scenario_reduced():
+    """float32 and bf16 autocast, LTX-Video 0.9.0 (RMSNorm as shipped) and
+    CogVideoX (GroupNorm over time)."""
+    check_reduced(ltx(**LTX090), (8, 8), F32_TOL)
+    check_reduced(_cogvideox, (8, 8), F32_TOL, splits=EVEN_GROUPS, whole_clip=one_frame_batch)
+    check_reduced(ltx(**LTX090), (8, 8), BF16_TOL, autocast=True)
+    check_reduced(_cogvideox, (8, 8), BF16_TOL, splits=EVEN_GROUPS, whole_clip=one_frame_batch, autocast=True)
 
 
 if __name__ == "__main__":
