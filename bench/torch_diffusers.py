@@ -1,0 +1,241 @@
+#!/usr/bin/env python3
+"""diffusers' video VAEs made context-parallel by halocp.diffusers.parallelize_vae,
+against the unpatched VAE in one process at equal total cores.
+
+    python3 bench/torch_diffusers.py --model ltx              # 2 ranks x 1 thread vs 1 process x 2 threads
+    python3 bench/torch_diffusers.py --model cogvideox --world 2 --latent-frames 8 --size 32
+
+The model is built from a small random configuration (no download), float32;
+the clip has 1 + r*k frames (r the VAE's temporal compression, k =
+--latent-frames - 1), split by halocp.diffusers.split_clip. Two operations:
+
+  train   encode + decode of the clip, forward and backward (the input's and
+          every parameter's gradient): a VAE training step
+  decode  decode of the latents under torch.no_grad: serving a long clip
+
+Two variants, with the same weights:
+
+  one-process  the unpatched VAE on the whole clip, on rank 0 with --world
+               threads (the other ranks wait): equal total cores
+  halocp       the converted VAE on --world ranks of --threads threads each,
+               each rank its shard
+
+Steps run back to back, in rounds alternating the variants; the time is the
+median step of the slowest rank. The halocp row breaks its step down on the
+slowest rank: time inside libhalo's exchange calls (start, wait, run: a rank
+waiting for its neighbours' halos counts here), inside GroupNorm's statistics
+collective, inside the layers' shard-table agreement, and the rest (local
+compute). Memory per rank in one separate train step: the bytes autograd saved
+for the backward and the largest tensor any op allocated. The ranks' decoded
+frames are checked against one process's (exit status 1 past 1e-4 of the
+largest magnitude).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import sys
+import time
+from collections import defaultdict
+
+import ranks  # bench/ranks.py, beside this script
+
+
+def ltx(torch):
+    from diffusers import AutoencoderKLLTXVideo
+
+    return AutoencoderKLLTXVideo(in_channels=3, out_channels=3, latent_channels=8, patch_size=1,
+                                 block_out_channels=(16, 32, 32, 32), decoder_block_out_channels=(16, 32, 32, 32),
+                                 layers_per_block=(1, 1, 1, 1, 1), decoder_layers_per_block=(1, 1, 1, 1, 1),
+                                 spatio_temporal_scaling=(True, True, True, False),
+                                 decoder_spatio_temporal_scaling=(True, True, True, False))
+
+
+def cogvideox(torch):
+    from diffusers import AutoencoderKLCogVideoX
+
+    return AutoencoderKLCogVideoX(block_out_channels=(16, 32, 32, 32), latent_channels=8, layers_per_block=1,
+                                  norm_num_groups=8, temporal_compression_ratio=4)
+
+
+# name -> (the model, what the reference needs to compute the whole clip as the sharded model does)
+MODELS = {
+    "ltx": (ltx, lambda vae: None),
+    "cogvideox": (cogvideox, lambda vae: setattr(vae, "num_sample_frames_batch_size", 1 << 30)
+                  or setattr(vae, "num_latent_frames_batch_size", 1 << 30)),
+}
+
+
+class Phases:
+    """Wall time spent inside halocp's communicating calls, by kind, while
+    enabled: libhalo's exchange calls, GroupNorm's statistics gather, the
+    layers' shard tables (an exchange of one row per rank: counted here, not
+    as an exchange; each call is counted once, under its outermost kind)."""
+
+    def __init__(self):
+        import halocp._lib as lib
+        import halocp._splits as splits
+        import halocp.norm as norm
+
+        self.spent, self.on, self.inside = defaultdict(float), False, False
+        for name in ("run", "start", "wait", "test"):
+            self._wrap(lib.Plan, name, "exchanges")
+        self._wrap(norm, "_gather", "norm collectives")
+        self._wrap(splits.ShardTable, "rows", "shard tables", static=True)
+
+    def _wrap(self, owner, name, kind, static=False):
+        fn = getattr(owner, name)
+
+        def timed(*args, **kwargs):
+            if not self.on or self.inside:
+                return fn(*args, **kwargs)
+            self.inside, t0 = True, time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.spent[kind] += time.perf_counter() - t0
+                self.inside = False
+
+        setattr(owner, name, staticmethod(timed) if static else timed)
+
+
+def run_rank(args) -> int:
+    import torch
+    import torch.distributed as dist
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_map
+
+    import halocp.diffusers as hd
+    from torch_vae import measure_memory
+
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    phases = Phases()
+    build, whole_clip = MODELS[args.model]
+    torch.manual_seed(0)  # the same weights and clip on every rank
+    whole = build(torch).float()
+    sharded = hd.parallelize_vae(copy.deepcopy(whole))
+    whole_clip(whole)
+    r = hd.temporal_compression(sharded)
+    split = hd.split_clip(1 + r * (args.latent_frames - 1), world, r)
+    clip = torch.randn(1, 3, split.num_frames, args.size, args.size)
+    x_local = hd.shard_clip(clip, split).contiguous()
+    with torch.no_grad():
+        z = whole.encode(clip).latent_dist.mode()
+    z_local = hd.shard_clip(z, split, latent=True).contiguous()
+    gy = torch.randn_like(clip)
+    gz = torch.randn_like(z)
+    g_local = (hd.shard_clip(gz, split, latent=True).contiguous(), hd.shard_clip(gy, split).contiguous())
+
+    def train(model, x, grads):
+        model.zero_grad(set_to_none=True)
+        x = x.detach().requires_grad_()
+        zz = model.encode(x).latent_dist.mode()
+        yy = model.decode(zz).sample
+        torch.autograd.backward((zz, yy), grads)
+        return yy.detach()
+
+    def decode(model, latents):
+        with torch.no_grad():
+            return model.decode(latents).sample
+
+    def variant(name, op):
+        one = name == "one-process"
+        if one and rank:
+            return None
+        torch.set_num_threads(world * args.threads if one else args.threads)
+        if op == "train":
+            return train(whole, clip, (gz, gy)) if one else train(sharded, x_local, g_local)
+        return decode(whole, z) if one else decode(sharded, z_local)
+
+    # Correctness first: the ranks' decoded frames against one process's.
+    want = [variant("one-process", "decode") if rank == 0 else None]
+    dist.broadcast_object_list(want, 0)
+    got = variant("halocp", "decode")
+    ref = hd.shard_clip(want[0], split)
+    diff = float((got - ref).abs().max() / ref.abs().max()) if ref.numel() else 0.0
+
+    memory = {}
+    for name in ("one-process", "halocp"):
+        if name == "halocp" or rank == 0:
+            variant(name, "train")
+            memory[name] = measure_memory(torch, TorchDispatchMode, tree_map, lambda: variant(name, "train"))
+        dist.barrier()
+
+    times = {(op, name): [] for op in args.ops for name in ("one-process", "halocp")}
+    spent = {op: defaultdict(list) for op in args.ops}
+    for _ in range(args.rounds):
+        for op, name in times:
+            dist.barrier()
+            for _ in range(args.iters):
+                phases.spent.clear()
+                phases.on = name == "halocp"
+                t0 = time.perf_counter()
+                variant(name, op)
+                times[op, name].append(time.perf_counter() - t0)
+                phases.on = False
+                if name == "halocp":
+                    for kind in ("exchanges", "norm collectives", "shard tables"):
+                        spent[op][kind].append(phases.spent[kind])
+            dist.barrier()
+
+    mine = dict(times={f"{op} {name}": statistics.median(v) for (op, name), v in times.items()},
+                spent={op: {k: statistics.median(v) for k, v in d.items()} for op, d in spent.items()},
+                memory=memory, diff=diff, frames=split.lengths[rank])
+    everyone = [None] * world
+    dist.all_gather_object(everyone, mine)
+    ok = all(e["diff"] < 1e-4 for e in everyone)
+    if rank == 0:
+        report(everyone, args, split, ok)
+    dist.destroy_process_group()
+    return 0 if ok else 1
+
+
+def report(everyone, args, split, ok):
+    mib = lambda b: b / (1 << 20)
+    world = len(everyone)
+    print(f"# {args.model} VAE (small random config, float32), clip (1, 3, {split.num_frames}, {args.size}, "
+          f"{args.size}); halocp: {world} ranks x {args.threads} thread(s), frames {list(split.lengths)}; "
+          f"one-process: {world * args.threads} threads")
+    print(f"# median of {args.rounds} x {args.iters} steps, slowest rank; memory: one train step, the largest rank")
+    print("| op | one-process ms | halocp ms | halocp / one-process | exchanges ms | norm collectives ms "
+          "| shard tables ms | local compute ms |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for op in args.ops:
+        one = everyone[0]["times"][f"{op} one-process"] * 1e3
+        slow = max(range(world), key=lambda i: everyone[i]["times"][f"{op} halocp"])
+        cp = everyone[slow]["times"][f"{op} halocp"] * 1e3
+        s = {k: v * 1e3 for k, v in everyone[slow]["spent"][op].items()}
+        rest = cp - sum(s.values())
+        print(f"| {op} | {one:.1f} | {cp:.1f} | {cp / one:.3f}x | {s['exchanges']:.1f} | {s['norm collectives']:.1f} "
+              f"| {s['shard tables']:.1f} | {rest:.1f} |")
+    one = everyone[0]["memory"]["one-process"]
+    cp = max((e["memory"]["halocp"] for e in everyone), key=lambda m: m["saved"])
+    print(f"# autograd saved per rank: halocp {mib(cp['saved']):.1f} MiB (largest rank), one process "
+          f"{mib(one['saved']):.1f} MiB: {cp['saved'] / one['saved']:.3f}x (1/W = {1 / world:.3f}); largest tensor "
+          f"{mib(cp['largest']):.2f} vs {mib(one['largest']):.2f} MiB")
+    print(f"# decoded frames vs one process: max rel. error {max(e['diff'] for e in everyone):.1e}; "
+          f"correctness {'ok' if ok else 'FAILED'}")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="ltx", choices=sorted(MODELS))
+    ap.add_argument("--world", type=int, default=2, help="ranks to launch (default 2)")
+    ap.add_argument("--latent-frames", type=int, default=9, help="latent frames of the clip (default 9)")
+    ap.add_argument("--size", type=int, default=32, help="height and width (default 32)")
+    ap.add_argument("--ops", nargs="+", default=["train", "decode"], choices=("train", "decode"))
+    ap.add_argument("--rounds", type=int, default=3, help="rounds alternating the variants (default 3)")
+    ap.add_argument("--iters", type=int, default=2, help="steps per variant per round (default 2)")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads per rank (default 1)")
+    ap.add_argument("--deadline", type=float, default=1800, help="seconds before the launcher stops the ranks")
+    args = ap.parse_args()
+    if "RANK" in __import__("os").environ:
+        return run_rank(args)
+    return ranks.launch(__file__, args.world, args.deadline)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
