@@ -1,9 +1,7 @@
 """Who holds what along a sharded dim: the group's size and this rank's
-place in it, and a table of every rank's shard with the arguments its layer
-was built with. A leaf module: it imports nothing of the package.
-
-The table travels through the group's own torch.distributed collective
-(gloo on CPU, NCCL on GPU), as the statistics of halocp.nn.GroupNorm do.
+place in it, and how to say where the rows of a shard table (halocp._splits,
+every rank's shard with the arguments its layer was built with) disagree.
+A leaf module: it imports nothing of the package.
 """
 
 from __future__ import annotations
@@ -22,18 +20,6 @@ def world_and_rank(group) -> tuple[int, int]:
     if not distributed(group):
         return 1, 0
     return dist.get_world_size(group), dist.get_rank(group)
-
-
-def shard_table(row, group, device) -> list[list[int]]:
-    """Every rank's row of integers, in rank order: one all_gather of one
-    small tensor on ``device`` (NCCL wants it on the GPU)."""
-    world, _ = world_and_rank(group)
-    if world == 1:
-        return [list(row)]
-    mine = torch.tensor(row, dtype=torch.int64, device=device)
-    rows = [torch.empty_like(mine) for _ in range(world)]
-    dist.all_gather(rows, mine, group=group)
-    return [r.tolist() for r in rows]
 
 
 def disagreement(table, columns) -> str | None:

@@ -17,10 +17,12 @@ from .exchange import halos
 
 
 class ShardTable:
-    """Every rank's shard length along a sharded dim, with the layer's
-    convolution along it: one halos-only exchange of one row per rank, whose
-    halos reach every other rank. Every rank sees the same table, so a
-    disagreement raises the same error on all of them."""
+    """Every rank's shard length along a sharded dim, with its layer's
+    arguments (COLUMNS for a convolution or a pooling; ConvTranspose3d has
+    its own row): one halos-only exchange of one row of integers per rank,
+    whose halos reach every other rank: the one shard table of halocp.
+    Every rank sees the same table, so a disagreement raises the same error
+    on all of them."""
 
     COLUMNS = ("length", "kernel", "stride", "dilation", "left padding", "right padding")
 

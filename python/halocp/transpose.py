@@ -32,7 +32,8 @@ from . import _lib
 from ._comm import token_group
 from ._layout import dim_order, empty_in_order, in_strides, strides_in_order
 from ._lib import HaloError
-from ._sharding import disagreement, distributed, shard_table, world_and_rank
+from ._sharding import disagreement, distributed, world_and_rank
+from ._splits import ShardTable
 from .exchange import _token, cp_halo_exchange, is_compiling
 from .halo_sum import cp_halo_sum
 
@@ -118,10 +119,9 @@ def _refuse(layer, x):
     on every rank; under compile, returned so that the op stays in the graph."""
     tensor = isinstance(x, torch.Tensor)
     row = _row(layer, -1, tuple(x.shape) if tensor else ())
-    device = x.device if tensor else layer.weight.device
     if is_compiling():
         return torch.ops.halocp.transpose_span(layer.weight, row, _token(layer.group))
-    return _span(row, layer.group, device)
+    return _span(row, layer.group)
 
 
 def _halos(k, s, p, d):
@@ -141,7 +141,7 @@ def _sharded_conv_transpose(layer, x):
         span = torch.ops.halocp.transpose_span(x, row, token)
         y = torch.ops.halocp.conv_transpose_sum(x, layer.weight, span, *conv, layer.left, layer.right, token)
     else:
-        span = _span(row, layer.group, x.device)
+        span = _span(row, layer.group)
         y = cp_halo_sum(_place(_local(x, layer.weight, conv)[0], *span), layer.left, layer.right, 2, layer.group)
     if layer.bias is not None:
         # In place: the sum's output is new, and no backward needs it.
@@ -160,14 +160,14 @@ def _local(x, weight, conv):
     return F.conv_transpose3d(x, weight, None, stride, padding, output_padding, groups, dilation), x
 
 
-def _span(row, group, device):
+def _span(row, group):
     """(offset, size): where z (the local transposed convolution of a shard
     of row[0] frames) goes in the input of the summing exchange, and that
     input's length. One exchange of every rank's row, which also checks
     that the ranks agree on the layer."""
     n, k, s, p, op, d = row[:6]
     world, rank = world_and_rank(group)
-    table = shard_table(row, group, device)
+    table = [list(row)] if world == 1 else [[int(v) for v in r] for r in ShardTable.rows(group, row).tolist()]
     refused = [r for r, t in enumerate(table) if t[0] < 0]
     if refused:
         said = "; ".join(f"rank {r}: " + (f"dims {table[r][-2]}, C {table[r][-1]}" if table[r][-2] else "not a tensor")
@@ -213,7 +213,7 @@ def _place(z, offset, size):
 
 @torch.library.custom_op("halocp::transpose_span", mutates_args=())
 def _transpose_span_op(x: Tensor, row: list[int], group: str) -> Tensor:
-    return torch.tensor(_span(row, token_group(group), x.device), dtype=torch.int64)
+    return torch.tensor(_span(row, token_group(group)), dtype=torch.int64)
 
 
 @_transpose_span_op.register_fake

@@ -225,3 +225,14 @@ def test_diffusers_families_stand_alone():
         names = {t.id for node in tree.body if isinstance(node, ast.Assign) for t in node.targets
                  if isinstance(t, ast.Name)}
         assert {"MODELS", "BLOCKS"} <= names, f"halocp.{m} has no MODELS or BLOCKS table"
+
+
+# ---------------------------------------------------- issue 34 §2: one shard table
+def test_one_shard_table():
+    """Every rank's row of a layer's arguments travels by one mechanism:
+    _splits.ShardTable (there were two: an all_gather in _sharding beside
+    the exchange of _splits)."""
+    homes = [f"{m}.{node.name}" for m, path in sorted(_modules().items())
+             for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, (ast.FunctionDef, ast.ClassDef))
+             and node.name.lower().lstrip("_").replace("_", "") in ("shardtable", "shardtables")]
+    assert homes == ["_splits.ShardTable"], homes
