@@ -20,24 +20,6 @@ from ._lib import HaloError
 # lookups do (the same calls in the same order on every rank).
 PLAN_CACHE_SIZE = 64
 
-_DTYPES = {
-    torch.float32: _lib.FLOAT32,
-    torch.float64: _lib.FLOAT64,
-    torch.float16: _lib.FLOAT16,
-    torch.bfloat16: _lib.BFLOAT16,
-}
-
-
-def halo_dtype(dtype: torch.dtype) -> int:
-    try:
-        return _DTYPES[dtype]
-    except KeyError:
-        raise HaloError(
-            _lib.ERR_INVALID_ARGUMENT,
-            f"halocp: dtype {dtype} is not supported (float32, float64, float16 or bfloat16)",
-        ) from None
-
-
 _BOOTSTRAP_TIMEOUT_VAR = "HALO_BOOTSTRAP_TIMEOUT_MS"
 
 

@@ -52,9 +52,9 @@ import torch
 from torch import Tensor
 
 from . import _inflight, _lib
-from ._comm import PLAN_CACHE_SIZE, communicator, halo_dtype
+from ._comm import PLAN_CACHE_SIZE, communicator
 from ._layout import dim_order, empty_in_order, outermost as _outermost, resized as _halo_shape
-from ._lib import HaloError
+from ._lib import HaloError, halo_dtype
 
 DIRECT, STAGED = "direct", "staged"
 

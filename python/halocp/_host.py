@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from . import _inflight, _lib
-from ._comm import halo_dtype
+from ._lib import halo_dtype
 from ._inflight import FORWARD, BACKWARD, HALOS_FORWARD, HALOS_BACKWARD
 from ._layout import dim_order, empty_in_order, in_strides, padded_shape, resized, strides_in_order
 

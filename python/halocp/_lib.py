@@ -507,6 +507,25 @@ _STRIDE_FIELDS = {
 }
 
 
+# torch's dtypes by name (this module does not import torch), and those
+# seen, by the dtype itself: a dict lookup per call.
+_DTYPE_NAMES = {"torch.float32": FLOAT32, "torch.float64": FLOAT64, "torch.float16": FLOAT16,
+                "torch.bfloat16": BFLOAT16}
+_dtypes_seen: dict = {}
+
+
+def halo_dtype(dtype) -> int:
+    """The halo_dtype_t of a torch dtype; HaloError for one halo does not move."""
+    code = _dtypes_seen.get(dtype)
+    if code is None:
+        code = _DTYPE_NAMES.get(str(dtype))
+        if code is None:
+            raise HaloError(ERR_INVALID_ARGUMENT,
+                            f"halocp: dtype {dtype} is not supported (float32, float64, float16 or bfloat16)")
+        _dtypes_seen[dtype] = code
+    return code
+
+
 def plan_params(dtype: int, shape, dim, left, right, x_strides, padding_mode="zeros", halos_only=False,
                 memory_type=None, **strides) -> PlanParams:
     """The one builder of halo_plan_params_t: dtype a halo_dtype_t, strides

@@ -236,3 +236,15 @@ def test_one_shard_table():
              for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, (ast.FunctionDef, ast.ClassDef))
              and node.name.lower().lstrip("_").replace("_", "") in ("shardtable", "shardtables")]
     assert homes == ["_splits.ShardTable"], homes
+
+
+def test_halo_dtype_in_lib():
+    """The map from torch's dtypes to halo_dtype_t is the C boundary's: it
+    lives in _lib, which imports no torch, and nowhere else."""
+    homes = [m for m, path in sorted(_modules().items()) for node in ast.parse(path.read_text()).body
+             if isinstance(node, ast.FunctionDef) and node.name == "halo_dtype"]
+    assert homes == ["_lib"], homes
+    lib = ast.parse((PACKAGE / "_lib.py").read_text())
+    assert not [n for n in ast.walk(lib) if isinstance(n, (ast.Import, ast.ImportFrom))
+                and any(a.name.split(".")[0] == "torch" for a in n.names) or
+                isinstance(n, ast.ImportFrom) and (n.module or "").startswith("torch")]
