@@ -52,6 +52,7 @@ import torch
 from torch import Tensor
 
 from . import _inflight, _lib
+from ._route import HalosRoute, Route
 from ._comm import PLAN_CACHE_SIZE, communicator
 from ._layout import dim_order, empty_in_order, outermost as _outermost, resized as _halo_shape
 from ._lib import HaloError, halo_dtype
@@ -431,7 +432,7 @@ def _layout(comm, x: Tensor, left, right, dim, padding_mode) -> _Layout:
 # halos into place on the tensor's device, the layout's plan moves the slabs.
 
 
-class Copy(_inflight.Route):
+class Copy(Route):
     """Out of place: the output and x's gradient in x's memory format."""
 
     __slots__ = ("lay", "fmt", "out_fmt")
@@ -457,7 +458,7 @@ class Copy(_inflight.Route):
         return grad_x
 
 
-class InPlace(_inflight.Route):
+class InPlace(Route):
     """In place: the shard is padded's interior; the gradient has padded's
     memory format and none in the halo slots, which the forward overwrote."""
 
@@ -483,7 +484,7 @@ class InPlace(_inflight.Route):
         return grad
 
 
-class Halos(_inflight.HalosRoute):
+class Halos(HalosRoute):
     """Halos only, in x's memory format. grad_strides (a host plan's
     choice) has no use here: the gradients are copied into the layout's
     buffers whatever their strides."""

@@ -13,6 +13,7 @@ import torch
 from torch import Tensor
 
 from . import _inflight, _lib
+from ._route import HalosRoute, Route
 from ._lib import halo_dtype
 from ._inflight import FORWARD, BACKWARD, HALOS_FORWARD, HALOS_BACKWARD
 from ._layout import dim_order, empty_in_order, in_strides, padded_shape, resized, strides_in_order
@@ -25,7 +26,7 @@ def _params(dtype, shape, dim, left, right, x_strides, out_strides, grad_strides
                             out_strides=out_strides, grad_out_strides=go, grad_x_strides=gx)
 
 
-class Copy(_inflight.Route):
+class Copy(Route):
     """Out of place: out and grad_out are dense in x's dim order, and so is
     grad_x."""
 
@@ -73,7 +74,7 @@ class _Address:
         return self.ptr
 
 
-class InPlace(_inflight.Route):
+class InPlace(Route):
     """In place: x is padded's interior, with padded's strides (the library
     sees the alias and leaves the shard where it is); the gradient has
     padded's memory format and none in the halo slots, which the forward
@@ -114,7 +115,7 @@ class InPlace(_inflight.Route):
         return grad
 
 
-class Halos(_inflight.HalosRoute):
+class Halos(HalosRoute):
     """Halos only: the halos are dense tensors of their own in x's dim
     order; grad_strides are the strides of (grad_left, grad_right, grad_x)
     in the backward, by default those of dense tensors of the halos' and

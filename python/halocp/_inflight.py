@@ -1,6 +1,5 @@
 """Exchanges in flight: the plan calls behind the asynchronous API, the
-handles it returns, exchanges whose handle was dropped, abort, and the
-Route interface that every device path implements (_host.py, _cuda.py).
+handles it returns, exchanges whose handle was dropped, abort.
 
 libhalo lets one exchange per plan and direction be in flight; until the
 wait (or test) that finishes it, the exchange owns its tensors: the library
@@ -255,60 +254,3 @@ def abort(group=None) -> None:
     except HaloError as e:
         if not (e.code == _lib.ERR_INVALID_HANDLE and comm.closed):  # destroyed meanwhile: nothing to abort
             raise
-
-
-class Route:
-    """One form of exchange (out of place, in place, halos only) of one
-    layout, on one device path (host, staged, direct), prepared once: what
-    halocp's autograd Functions and public forms call, whatever the device.
-
-    ``start(t)`` starts the forward exchange of t (x, or the padded buffer)
-    and returns ``(pending, finish)``: pending is the Pending to wait for
-    (None when nothing is in flight), ``finish()`` returns the result once
-    it has finished. ``run(t)`` is both at once. ``backward(*grads)``
-    returns the gradient of t for the gradients of the result.
-    """
-
-    __slots__ = ("comm",)
-
-    def start(self, t):
-        raise NotImplementedError
-
-    def run(self, t):
-        pending, finish = self.start(t)
-        if pending is not None:
-            pending.finish(block=True)
-        return finish()
-
-    def backward(self, *grads):
-        raise NotImplementedError
-
-
-class HalosRoute(Route):
-    """A halos-only Route, which also starts its backward on its own:
-    ``start_add(grad_left, grad_right, grad_x)`` sends the halo gradients
-    back and adds the neighbours' into grad_x (x's shape and device, holding
-    the rest of x's gradient), returning ``(pending, finish)`` as ``start``
-    does, so that a layer computes while the gradients travel."""
-
-    __slots__ = ()
-
-    def start_add(self, grad_left, grad_right, grad_x):
-        raise NotImplementedError
-
-    def add(self, grad_left, grad_right, grad_x) -> None:
-        """start_add, blocking."""
-        pending, finish = self.start_add(grad_left, grad_right, grad_x)
-        if pending is not None:
-            pending.finish(block=True)
-        finish()
-
-    def backward(self, grad_left, grad_right):
-        # Autograd asks for a gradient of all of x, so there is one of x's
-        # size: zeros, into which the neighbours' part is added.
-        grad_x = self.zeros_like_x()
-        self.add(grad_left, grad_right, grad_x)
-        return grad_x
-
-    def zeros_like_x(self):
-        raise NotImplementedError

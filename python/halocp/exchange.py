@@ -23,6 +23,7 @@ from . import _cuda, _host, _inflight, _lib
 from ._comm import communicator, group_token, token_group
 from ._layout import Like, dim_order, empty_in_order, is_compiling, padded_shape, resized as _halo_shape
 from ._inflight import Exchange
+from ._route import Route
 from ._lib import HaloError
 
 
@@ -74,7 +75,7 @@ _ROUTES = {COPY: (_host.Copy, _cuda.Copy), IN_PLACE: (_host.InPlace, _cuda.InPla
 _ROUTES_MAX = 64
 
 
-def route(form: str, t, left, right, dim, group, padding_mode, grad_strides=None) -> _inflight.Route:
+def route(form: str, t, left, right, dim, group, padding_mode, grad_strides=None) -> Route:
     """The Route of form for t's layout (t: x, or the padded buffer of the
     in-place form; anything with t's shape, stride(), dtype and device) on
     group's communicator, once any exchange whose handle was dropped has

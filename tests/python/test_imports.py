@@ -11,7 +11,7 @@ import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "python" / "halocp"
-LEAVES = ("_layout",)
+LEAVES = ("_layout", "_route")
 
 
 def _modules() -> dict[str, Path]:
@@ -149,7 +149,7 @@ def test_one_autograd_stack():
     only), shared by the blocking and started forms and every device: the
     device paths (_host.py, _cuda.py) define none."""
     assert len(_functions(PACKAGE / "exchange.py")) == 3, _functions(PACKAGE / "exchange.py")
-    for path in (PACKAGE / "_host.py", PACKAGE / "_cuda.py", PACKAGE / "_inflight.py"):
+    for path in (PACKAGE / "_host.py", PACKAGE / "_cuda.py", PACKAGE / "_inflight.py", PACKAGE / "_route.py"):
         assert not _functions(path), f"{path.name} defines autograd Functions {_functions(path)}: a second stack"
 
 
