@@ -267,6 +267,31 @@ def scenario_mochi():
     with float64_fourier_features():
         check(mochi(), (8, 8))
         check(mochi(), (8, 8), splits={w: g[:1] for w, g in GROUPS.items()}, checkpointing=True)
+        encode_served(mochi(), (8, 8))
+
+
+def encode_served(build, shape_hw):
+    """The sharded encode under torch.no_grad (check serves the decode
+    alone): Mochi's attention over time is in its encoder."""
+    for groups in GROUPS[ranks.WORLD]:
+        torch.manual_seed(2000)
+        whole = build().double()
+        sharded = hd.parallelize_vae(copy.deepcopy(whole))
+        r = hd.temporal_compression(sharded)
+        split = hd.split_clip(1 + r * sum(groups), ranks.WORLD, r, groups=groups)
+        x = torch.randn(1, 3, split.num_frames, *shape_hw, dtype=torch.float64)
+        with torch.no_grad():
+            z = whole.encode(x).latent_dist.mode()
+            z_local = sharded.encode(hd.shard_clip(x, split)).latent_dist.mode()
+        what = f"{type(whole).__name__} groups {groups}"
+        close(z_local, hd.shard_clip(z, split, latent=True), what + ": latents encoded under no_grad")
+        # diffusers' other frame count: every decoded frame kept, rank 0's r-1 extra ones included
+        whole.drop_last_temporal_frames = sharded.drop_last_temporal_frames = False
+        with torch.no_grad():
+            y = whole.decode(z).sample
+            y_local = sharded.decode(z_local).sample
+        expect(y_local.shape[2] == r * z_local.shape[2], f"{what}: {y_local.shape[2]} frames kept")
+        close(torch.cat(gathered(y_local), 2), y, what + ": decoded, no frame dropped")
 
 
 def scenario_mochi_shipped():

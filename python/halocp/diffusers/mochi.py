@@ -29,6 +29,12 @@ def _check_frames(vae, frames, device, latent):
 
 
 def _mochi_model(vae):
+    padded = {m.pad_mode for m in vae.modules() if type(m).__name__ == "CogVideoXCausalConv3d"}
+    if padded - {"replicate"}:
+        # _enable_framewise_encoding/decoding turn its convs' padding to the
+        # conv caches' ("constant"), for good: not the model's whole-clip one.
+        raise NotImplementedError("halocp.diffusers: this AutoencoderKLMochi had framewise encoding or decoding "
+                                  "enabled, which changed its convolutions' padding; convert a fresh one")
     cv.no_temporal_tiling(vae)
 
     def refuse(self, *args, **kwargs):
