@@ -10,8 +10,8 @@ import types
 import torch
 import torch.nn.functional as F
 
-from ..exchange import cp_halo_exchange
-from .._sharding import shard_table, world_and_rank
+from ..attention import cp_attention
+from .._sharding import shard_table
 from . import _convert as cv
 
 
@@ -95,13 +95,10 @@ def _mochi_group_norm(m, group):
 
 class _CausalTimeAttention:
     """MochiVaeAttnProcessor2_0 over a time axis sharded across the group:
-    the sequences are (batch * height * width, frames, channels), causal
-    over frames. Each rank's queries attend to every frame up to theirs, so
-    each rank brings in the keys and values of all the frames before its
-    shard (one left halo, as long as the longest offset, in one exchange of
-    the keys and values side by side) and masks those before the clip and
-    after each query. A clip of one frame is diffusers' single-frame path:
-    the softmax over one key is 1, the output its value, the same."""
+    its sequences are (batch * height * width, frames, channels), causal
+    over frames, so halocp.cp_attention. A clip of one frame is diffusers'
+    single-frame path: the softmax over one key is 1, the output its value,
+    the same numbers."""
 
     def __init__(self, group):
         self.group = group
@@ -112,11 +109,6 @@ class _CausalTimeAttention:
                                       "cross-attention, and is causal")
         residual = hidden_states
         b, n, _ = hidden_states.shape
-        _, rank = world_and_rank(self.group)
-        lengths = [row[0] for row in shard_table([n], self.group, hidden_states.device)]
-        offset = sum(lengths[:rank])
-        before = sum(lengths[:-1]) if len(lengths) > 1 else 0  # the last rank's offset, the longest
-
         query, key, value = attn.to_q(hidden_states), attn.to_k(hidden_states), attn.to_v(hidden_states)
         head_dim = key.shape[-1] // attn.heads
         query, key, value = (t.view(b, n, attn.heads, head_dim).transpose(1, 2) for t in (query, key, value))
@@ -124,15 +116,8 @@ class _CausalTimeAttention:
             query = attn.norm_q(query)
         if attn.norm_k is not None:
             key = attn.norm_k(key)
-        key, value = cp_halo_exchange(torch.cat([key, value], dim=-1), before, 0, 2, self.group).split(
-            head_dim, dim=-1)
-
-        at_key = torch.arange(offset - before, offset + n, device=hidden_states.device)
-        at_query = torch.arange(offset, offset + n, device=hidden_states.device)
-        mask = (at_key >= 0)[None, :] & (at_key[None, :] <= at_query[:, None])
-        hidden_states = F.scaled_dot_product_attention(query, key, value, attn_mask=mask)
+        hidden_states = cp_attention(query, key, value, causal=True, group=self.group)
         hidden_states = hidden_states.transpose(1, 2).reshape(b, n, attn.heads * head_dim).to(query.dtype)
-
         hidden_states = attn.to_out[1](attn.to_out[0](hidden_states))
         if attn.residual_connection:
             hidden_states = hidden_states + residual
