@@ -11,7 +11,8 @@ Also: the halos alone (``halos``), exchanges started now and finished later
 ``abort`` for a watchdog, halos of tensors tiled over a grid of ranks
 (``TileGrid``, ``tile_halo_exchange``), and context-parallel and tiled
 convolution layers (``halocp.nn``), the summing exchange of transposed
-convolutions (``cp_halo_sum``).
+convolutions (``cp_halo_sum``), attention over a sharded sequence
+(``cp_attention``).
 Python over ``libhalo.so`` through ctypes; the library is found through
 ``HALO_LIBRARY``, inside this package (where the wheel puts it), in a source
 checkout's ``build/lib``, or on the dynamic loader's path.
@@ -38,6 +39,7 @@ from ._inflight import Exchange, abort
 from ._layout import mark_sharded
 from .exchange import cp_halo_exchange, cp_halo_exchange_start, halo_exchange_, halo_exchange_start_, halos, halos_start
 from .halo_sum import cp_halo_sum
+from .attention import cp_attention
 from .tiles import TileGrid, tile_halo_exchange
 from . import nn
 from . import diffusers  # imports no diffusers: the VAEs' converters look blocks up by name
@@ -54,6 +56,7 @@ __all__ = [
     "halo_exchange_start_",
     "halos_start",
     "cp_halo_sum",
+    "cp_attention",
     "TileGrid",
     "tile_halo_exchange",
     "mark_sharded",

@@ -13,6 +13,7 @@ import torch.distributed as dist
 
 from . import _lib
 from ._lib import HaloError
+from ._sharding import world_and_rank
 from .exchange import halos
 
 
@@ -35,6 +36,15 @@ class ShardTable:
         before, after = halos(mine, world - 1, world - 1, 0, group)
         rank = dist.get_rank(group)
         return torch.cat([before[world - 1 - rank:], mine, after[:world - 1 - rank]])
+
+    @staticmethod
+    def of(group, row) -> list[list[int]]:
+        """Every rank's row of integers, in rank order, as lists; one
+        process holding the whole tensor (no group, torch.distributed not
+        initialised) has its own row alone."""
+        if world_and_rank(group)[0] == 1:
+            return [[int(v) for v in row]]
+        return [[int(v) for v in r] for r in ShardTable.rows(group, row).tolist()]
 
 
 def outputs(stride, e, pl, pr, lengths, rank):

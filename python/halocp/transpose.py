@@ -167,7 +167,7 @@ def _span(row, group):
     that the ranks agree on the layer."""
     n, k, s, p, op, d = row[:6]
     world, rank = world_and_rank(group)
-    table = [list(row)] if world == 1 else [[int(v) for v in r] for r in ShardTable.rows(group, row).tolist()]
+    table = ShardTable.of(group, row)
     refused = [r for r, t in enumerate(table) if t[0] < 0]
     if refused:
         said = "; ".join(f"rank {r}: " + (f"dims {table[r][-2]}, C {table[r][-1]}" if table[r][-2] else "not a tensor")

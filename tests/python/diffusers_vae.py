@@ -23,7 +23,7 @@ sys.path.insert(0, str(REPO / "python"))
 import halocp.diffusers as hd  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
-SCENARIOS = ["ltx", "ltx_shipped", "ltx095", "cogvideox", "reduced"]
+SCENARIOS = ["ltx", "ltx_shipped", "ltx095", "cogvideox", "reduced", "mochi", "mochi_shipped", "mochi_errors"]
 
 
 @pytest.fixture(scope="module", params=[1, 2, 3, 4], ids=lambda w: f"W{w}")
@@ -86,3 +86,16 @@ def test_same_module_and_parameters():
     assert list(vae.state_dict()) == keys
     with pytest.raises(ValueError, match="already parallelized"):
         hd.parallelize_vae(vae)
+
+
+def test_mochi_refuses_framewise_padding():
+    """Mochi's framewise encoding/decoding switches its convolutions to the
+    conv caches' padding for good: such a model is refused, unchanged."""
+    from diffusers import AutoencoderKLMochi
+
+    vae = AutoencoderKLMochi(encoder_block_out_channels=(32,) * 4, decoder_block_out_channels=(32,) * 4,
+                             latent_channels=4, layers_per_block=(1,) * 5)
+    vae._enable_framewise_decoding()
+    with pytest.raises(NotImplementedError, match="framewise encoding or decoding"):
+        hd.parallelize_vae(vae)
+    assert not hasattr(vae, "_halocp_group") and vae.use_framewise_decoding

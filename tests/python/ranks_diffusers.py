@@ -96,12 +96,16 @@ class float64_rms_norm:
 
 
 def check(build, shape_hw, decode_args=lambda z: (), shipped=False, splits=GROUPS, whole_clip=lambda vae: None,
-          checkpointing=False):
+          checkpointing=False, float32_input=False):
     """For each split of this world size: the sharded encode + decode of a
     clip against the whole one, forward and backward. ``shipped``: the first
-    split only, the model's RMSNorm as diffusers ships it (see SHIPPED_TOL)."""
+    split only, the model's RMSNorm as diffusers ships it (see SHIPPED_TOL).
+    ``float32_input``: the first split only, the input gradient alone
+    within SHIPPED_TOL (it comes back through a cast to float32)."""
     worst = {"absolute": 0.0, "relative": 0.0}
     rel = SHIPPED_TOL if shipped else None
+    rel_x = SHIPPED_TOL if shipped or float32_input else None
+    shipped = shipped or float32_input
 
     def keep(err, relative):
         key = "absolute" if relative is None else "relative"
@@ -135,7 +139,7 @@ def check(build, shape_hw, decode_args=lambda z: (), shipped=False, splits=GROUP
         what = f"{type(whole).__name__} groups {groups} ({split.num_frames} frames{', checkpointed' * checkpointing})"
         keep(close(z_local, hd.shard_clip(z.detach(), split, latent=True), what + ": latents", rel), rel)
         keep(close(y_local, hd.shard_clip(y.detach(), split), what + ": decoded", rel), rel)
-        keep(close(x_local.grad, hd.shard_clip(x.grad, split), what + ": input grad", rel), rel)
+        keep(close(x_local.grad, hd.shard_clip(x.grad, split), what + ": input grad", rel_x), rel_x)
         expect(torch.equal(hd.gather_clip(y_local, split), torch.cat(gathered(y_local), 2)), what + ": gather_clip")
         with torch.no_grad():  # serving: the same frames, no graph
             y_served = sharded.decode(z_local.detach(), *decode_args(z_local)).sample
@@ -291,6 +295,116 @@ def scenario_reduced():
     check_reduced(_cogvideox, (8, 8), F32_TOL, splits=EVEN_GROUPS, whole_clip=one_frame_batch)
     check_reduced(ltx(**LTX090), (8, 8), BF16_TOL, autocast=True)
     check_reduced(_cogvideox, (8, 8), BF16_TOL, splits=EVEN_GROUPS, whole_clip=one_frame_batch, autocast=True)
+
+def mochi(**config):
+    from diffusers import AutoencoderKLMochi
+
+    # Mochi's norms have 32 groups and its attentions heads of 32 channels:
+    # 32 channels throughout; (2, 2, 1) in space keeps 2x2 latents of 8x8
+    # frames (a GroupNorm of one value per group is refused); (1, 2, 3) in
+    # time, the model's own: a compression of 6.
+    kw = dict(encoder_block_out_channels=(32, 32, 32, 32), decoder_block_out_channels=(32, 32, 32, 32),
+              latent_channels=4, layers_per_block=(1, 1, 1, 1, 1), spatial_expansions=(2, 1, 1))
+    return lambda: AutoencoderKLMochi(**{**kw, **config})
+
+
+class float64_fourier_features:
+    """Mochi's FourierFeatures in the input's dtype (float64 here) instead of
+    float32, in the reference and the sharded model alike, for the exact
+    checks: the features are per position, so their values agree bit for
+    bit either way, but the input gradient comes back through float32, which
+    rounds the float64 gradients of the two runs (equal to 1e-12) apart by a
+    float32 step."""
+
+    def __enter__(self):
+        from diffusers.models.autoencoders import autoencoder_kl_mochi as m
+
+        self.cls, self.forward = m.FourierFeatures, m.FourierFeatures.forward
+
+        def forward(ff, x):
+            w = torch.pow(2.0, torch.arange(ff.start, ff.stop, ff.step, dtype=x.dtype)) * (2 * torch.pi)
+            h = x.repeat_interleave(len(w), dim=1) * w.repeat(x.shape[1])[None, :, None, None, None]
+            return torch.cat([x, torch.sin(h), torch.cos(h)], dim=1)
+
+        self.cls.forward = forward
+        return self
+
+    def __exit__(self, *exc):
+        self.cls.forward = self.forward
+
+
+def scenario_mochi():
+    """Mochi: CogVideoX's causal convs with replicate padding (strided in
+    time in the encoder's down blocks), per-frame GroupNorm, causal attention
+    over time in the encoder, depth-to-space in time in the decoder and its
+    first r-1 frames dropped; and with activation checkpointing. diffusers
+    ships Mochi computing the whole clip in one call (framewise encoding
+    raises, framewise decoding and tiling are off by default), so the
+    reference is the model as shipped, but for FourierFeatures in float64
+    (see float64_fourier_features; scenario_mochi_shipped runs it as
+    shipped)."""
+    with float64_fourier_features():
+        check(mochi(), (8, 8))
+        check(mochi(), (8, 8), splits={w: g[:1] for w, g in GROUPS.items()}, checkpointing=True)
+        encode_served(mochi(), (8, 8))
+
+
+def encode_served(build, shape_hw):
+    """The sharded encode under torch.no_grad (check serves the decode
+    alone): Mochi's attention over time is in its encoder."""
+    for groups in GROUPS[ranks.WORLD]:
+        torch.manual_seed(2000)
+        whole = build().double()
+        sharded = hd.parallelize_vae(copy.deepcopy(whole))
+        r = hd.temporal_compression(sharded)
+        split = hd.split_clip(1 + r * sum(groups), ranks.WORLD, r, groups=groups)
+        x = torch.randn(1, 3, split.num_frames, *shape_hw, dtype=torch.float64)
+        with torch.no_grad():
+            z = whole.encode(x).latent_dist.mode()
+            z_local = sharded.encode(hd.shard_clip(x, split)).latent_dist.mode()
+        what = f"{type(whole).__name__} groups {groups}"
+        close(z_local, hd.shard_clip(z, split, latent=True), what + ": latents encoded under no_grad")
+        # diffusers' other frame count: every decoded frame kept, rank 0's r-1 extra ones included
+        whole.drop_last_temporal_frames = sharded.drop_last_temporal_frames = False
+        with torch.no_grad():
+            y = whole.decode(z).sample
+            y_local = sharded.decode(z_local).sample
+        expect(y_local.shape[2] == r * z_local.shape[2], f"{what}: {y_local.shape[2]} frames kept")
+        close(torch.cat(gathered(y_local), 2), y, what + ": decoded, no frame dropped")
+
+
+def scenario_mochi_shipped():
+    """Mochi as shipped, its FourierFeatures in float32: the latents, frames
+    and parameter gradients agree to 1e-9 all the same; the input gradient to
+    float32's rounding (see SHIPPED_TOL)."""
+    check(mochi(), (8, 8), float32_input=True)
+
+
+def scenario_mochi_errors():
+    """A shard the split does not allow is refused on every rank alike,
+    naming the rank and its length, before any exchange (no rank is left
+    waiting): the last rank one frame short; rank 0 without latents."""
+    torch.manual_seed(7)
+    vae = hd.parallelize_vae(mochi()().double())
+    bad = ranks.WORLD - 1
+    frames = (1 if ranks.RANK == 0 else 0) + 6 - (ranks.RANK == bad)
+    for call, arg, want in [
+            (vae.encode, torch.randn(1, 3, frames, 8, 8, dtype=torch.float64), f"rank {bad} holds {5 + (bad == 0)} frames"),
+            (vae.decode, torch.randn(1, 4, 1 - (ranks.RANK == 0), 4, 4, dtype=torch.float64),
+             "rank 0 holds 0 latent frames")]:
+        try:
+            call(arg)
+        except ValueError as e:
+            expect(want in str(e) and "split_clip" in str(e), f"{call.__name__}: {e}")
+        else:
+            raise ranks.Failure(f"{call.__name__} took a shard the split does not allow")
+    vae.enable_tiling()
+    try:
+        vae.decode(torch.randn(1, 4, 1, 4, 4, dtype=torch.float64))
+    except RuntimeError as e:
+        expect("leave tiling off" in str(e), str(e))
+    else:
+        raise ranks.Failure("decode tiled a parallelized Mochi")
 
 
 if __name__ == "__main__":

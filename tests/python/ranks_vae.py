@@ -530,5 +530,44 @@ def scenario_vae():
             close(summed(p.grad), q.grad, tol, f"{what}: grad of {name}")
 
 
+# ------------------------------------------------------------- cp_attention
+
+
+def scenario_attention():
+    """cp_attention against torch's scaled_dot_product_attention over the
+    whole sequence, causal and not, forward and backward (queries, keys and
+    values), under no_grad too, on uneven and empty shards; keys and values
+    of different widths; shards whose lengths differ refused on every rank."""
+    import torch.nn.functional as F
+
+    for i, lengths in enumerate(splits()):
+        for causal in (True, False):
+            gen = torch.Generator().manual_seed(500 + i)
+            t = sum(lengths)
+            qg, kg = (torch.randn(3, 2, t, 8, generator=gen, dtype=torch.float64, requires_grad=True) for _ in "qk")
+            vg = torch.randn(3, 2, t, 5, generator=gen, dtype=torch.float64, requires_grad=True)
+            yg = F.scaled_dot_product_attention(qg, kg, vg, is_causal=causal, scale=0.3)
+            gy = torch.randn(yg.shape, generator=gen, dtype=torch.float64)
+            yg.backward(gy)
+            q, k, v = (shard(a.detach(), lengths).clone().requires_grad_() for a in (qg, kg, vg))
+            y = halocp.cp_attention(q, k, v, causal=causal, scale=0.3)
+            y.backward(shard(gy, lengths))
+            what = f"cp_attention (causal {causal}) shards {lengths}"
+            close(y, shard(yg.detach(), lengths), 1e-12, what)
+            for name, a, ag in (("query", q, qg), ("key", k, kg), ("value", v, vg)):
+                close(a.grad, shard(ag.grad, lengths), 1e-12, f"{what}: grad of {name}")
+            with torch.no_grad():
+                close(halocp.cp_attention(q, k, v, causal=causal, scale=0.3), shard(yg.detach(), lengths), 1e-12,
+                      what + " under no_grad")
+    bad = ranks.WORLD - 1
+    q = torch.zeros(1, 2, 3, 4)
+    try:
+        halocp.cp_attention(q, q[:, :, :2] if ranks.RANK == bad else q, q)
+    except ValueError as e:
+        expect(f"rank {bad}: query 3, key 2, value 3" in str(e), str(e))
+    else:
+        raise ranks.Failure("cp_attention took a key shorter than its query")
+
+
 if __name__ == "__main__":
     ranks.main(globals())

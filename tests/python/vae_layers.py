@@ -1,5 +1,6 @@
 """Issue 21: the summing exchange, GroupNorm across ranks, the context-parallel
-ConvTranspose3d and the example's causal VAE blocks, over gloo process
+ConvTranspose3d and the example's causal VAE blocks (and issue 32's
+attention over a sharded sequence, cp_attention), over gloo process
 groups of 1 to 4 local processes (tests/python/ranks_vae.py holds the checks
 each rank runs). Named outside pytest's test_*.py pattern so that the
 python_halocp entry does not run it a second time: ctest's python_vae does.
@@ -16,7 +17,8 @@ import pytest
 from launcher import expect_scenario, launch
 
 HERE = Path(__file__).resolve().parent
-SCENARIOS = ["halo_sum", "groupnorm", "norm_mismatch", "transpose", "subgroups", "temporal_padding", "pooling", "vae"]
+SCENARIOS = ["halo_sum", "groupnorm", "norm_mismatch", "transpose", "subgroups", "temporal_padding", "pooling", "vae",
+             "attention"]
 
 
 @pytest.fixture(scope="module", params=[1, 2, 3, 4], ids=lambda w: f"W{w}")

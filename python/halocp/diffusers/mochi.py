@@ -1,0 +1,164 @@
+"""Mochi's VAE (AutoencoderKLMochi): causal convs replicating the first
+frame (CogVideoX's, converted by cogvideox.BLOCKS), strided temporal convs
+down and depth-to-space up, a per-frame GroupNorm, causal attention over
+time in the encoder, and the decoder dropping the clip's first r-1 frames."""
+
+from __future__ import annotations
+
+import types
+
+import torch
+import torch.nn.functional as F
+
+from ..attention import cp_attention
+from .._splits import ShardTable
+from . import _convert as cv
+
+
+def _check_frames(vae, frames, latent):
+    """Refuse, on every rank alike, shards the split does not allow: rank 0
+    holds 1 + r*k0 frames (1 + k0 latent frames), rank i > 0 r*ki (ki)."""
+    r = 1 if latent else vae.temporal_compression_ratio
+    table = ShardTable.of(vae._halocp_group, [frames])
+    bad = [(rank, row[0]) for rank, row in enumerate(table) if row[0] < (rank == 0) or (row[0] - (rank == 0)) % r]
+    if bad:
+        what = "latent frames" if latent else "frames"
+        rule = "at least 1 latent frame on rank 0" if latent else f"1 + {r}*k frames on rank 0 and {r}*k on the others"
+        raise ValueError(f"halocp.diffusers: a parallelized AutoencoderKLMochi.{'decode' if latent else 'encode'} "
+                         f"takes {rule} (split_clip); " + ", ".join(f"rank {rank} holds {n} {what}" for rank, n in bad))
+
+
+def _mochi_model(vae):
+    padded = {m.pad_mode for m in vae.modules() if type(m).__name__ == "CogVideoXCausalConv3d"}
+    if padded - {"replicate"}:
+        # _enable_framewise_encoding/decoding turn its convs' padding to the
+        # conv caches' ("constant"), for good: not the model's whole-clip one.
+        raise NotImplementedError("halocp.diffusers: this AutoencoderKLMochi had framewise encoding or decoding "
+                                  "enabled, which changed its convolutions' padding; convert a fresh one")
+    cv.no_temporal_tiling(vae)
+
+    def refuse(self, *args, **kwargs):
+        raise RuntimeError("halocp.diffusers: a parallelized AutoencoderKLMochi does not tile space (its tiled "
+                           "decode drops the first frames of every shard); leave tiling off")
+
+    for method in ("tiled_encode", "tiled_decode"):
+        setattr(vae, method, types.MethodType(refuse, vae))
+
+    def _encode(self, x):
+        _check_frames(self, x.shape[2], latent=False)
+        if self.use_tiling:
+            return self.tiled_encode(x)
+        return self.encoder(x)[0]
+
+    def _decode(self, z, return_dict=True):
+        # One decoder call over the shard, whatever use_framewise_decoding
+        # says (its conv caches carry what the halos now bring); the clip's
+        # first r-1 decoded frames are rank 0's to drop.
+        from diffusers.models.autoencoders.vae import DecoderOutput
+
+        _check_frames(self, z.shape[2], latent=True)
+        if self.use_tiling:
+            return self.tiled_decode(z, return_dict=return_dict)
+        dec, _ = self.decoder(z)
+        if self.drop_last_temporal_frames and cv.holds_first_frame(self._halocp_group):
+            dec = dec[:, :, self.temporal_compression_ratio - 1:]
+        return DecoderOutput(sample=dec) if return_dict else (dec,)
+
+    vae._encode = types.MethodType(_encode, vae)
+    vae._decode = types.MethodType(_decode, vae)
+
+
+class _FrameGroupNorm(torch.nn.Module):
+    """MochiChunkedGroupNorm3D's GroupNorm: statistics per frame (the frames
+    are its batch), so local; held apart from torch's GroupNorm, which the
+    converters take for a norm over time. The model's own Parameters."""
+
+    def __init__(self, norm):
+        super().__init__()
+        self.num_groups, self.num_channels, self.eps, self.affine = \
+            norm.num_groups, norm.num_channels, norm.eps, norm.affine
+        self.weight, self.bias = norm.weight, norm.bias
+
+    def forward(self, x):
+        return F.group_norm(x, self.num_groups, self.weight, self.bias, self.eps)
+
+    def extra_repr(self):
+        return f"{self.num_groups}, {self.num_channels}, eps={self.eps}, affine={self.affine}, per frame"
+
+
+def _mochi_group_norm(m, group):
+    """MochiChunkedGroupNorm3D: a GroupNorm over each frame on its own (in
+    chunks of frames, which changes nothing): local, an empty shard
+    included."""
+    cv.replace(m, "norm_layer", _FrameGroupNorm(m.norm_layer))
+
+
+class _CausalTimeAttention:
+    """MochiVaeAttnProcessor2_0 over a time axis sharded across the group:
+    its sequences are (batch * height * width, frames, channels), causal
+    over frames, so halocp.cp_attention. A clip of one frame is diffusers'
+    single-frame path: the softmax over one key is 1, the output its value,
+    the same numbers."""
+
+    def __init__(self, group):
+        self.group = group
+
+    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, **kwargs):
+        if encoder_hidden_states is not None or attention_mask is not None or not attn.is_causal:
+            raise NotImplementedError("halocp.diffusers: Mochi's attention over time takes no mask nor "
+                                      "cross-attention, and is causal")
+        residual = hidden_states
+        b, n, _ = hidden_states.shape
+        query, key, value = attn.to_q(hidden_states), attn.to_k(hidden_states), attn.to_v(hidden_states)
+        head_dim = key.shape[-1] // attn.heads
+        query, key, value = (t.view(b, n, attn.heads, head_dim).transpose(1, 2) for t in (query, key, value))
+        if attn.norm_q is not None:
+            query = attn.norm_q(query)
+        if attn.norm_k is not None:
+            key = attn.norm_k(key)
+        hidden_states = cp_attention(query, key, value, causal=True, group=self.group)
+        hidden_states = hidden_states.transpose(1, 2).reshape(b, n, attn.heads * head_dim).to(query.dtype)
+        hidden_states = attn.to_out[1](attn.to_out[0](hidden_states))
+        if attn.residual_connection:
+            hidden_states = hidden_states + residual
+        return hidden_states / attn.rescale_output_factor
+
+
+def _mochi_attention_block(m, group):
+    """MochiDownBlock3D, MochiMidBlock3D: their resnets are CogVideoX's
+    causal convs and Mochi's per-frame norms (converted as blocks of their
+    own); their attentions run over time, causally: a context-parallel
+    processor. The down block's strided conv_in keeps its stride: with the
+    split's groups of frames it reads this rank's frames alone."""
+    for attn in m.attentions:
+        if attn is not None:
+            attn.set_processor(_CausalTimeAttention(group))
+
+
+def _mochi_up_block(m, group):
+    """MochiUpBlock3D: its resnets, then depth-to-space with explicit sizes,
+    which an empty shard takes (diffusers' view infers one from zero
+    elements). Every rank keeps all its frames: the decoder's first r-1 are
+    dropped once, at the end, by rank 0."""
+
+    def forward(self, hidden_states, conv_cache=None):
+        checkpoint = torch.is_grad_enabled() and self.gradient_checkpointing
+        for resnet in self.resnets:
+            if checkpoint:
+                hidden_states, _ = self._gradient_checkpointing_func(resnet, hidden_states, None)
+            else:
+                hidden_states, _ = resnet(hidden_states)
+        hidden_states = self.proj(hidden_states.movedim(1, -1)).movedim(-1, 1)
+        stride = (self.temporal_expansion, self.spatial_expansion, self.spatial_expansion)
+        return cv.unfold_time_space(hidden_states, stride), {}
+
+    cv.override(m, forward)
+
+
+MODELS = {"AutoencoderKLMochi": _mochi_model}
+BLOCKS = {
+    "MochiChunkedGroupNorm3D": _mochi_group_norm,
+    "MochiDownBlock3D": _mochi_attention_block,
+    "MochiMidBlock3D": _mochi_attention_block,
+    "MochiUpBlock3D": _mochi_up_block,
+}
