@@ -213,5 +213,43 @@ def one_frame_batch(vae):
     vae.num_sample_frames_batch_size = vae.num_latent_frames_batch_size = 1 << 30
 
 
+def hunyuan_video(**config):
+    from diffusers import AutoencoderKLHunyuanVideo
+
+    return lambda: AutoencoderKLHunyuanVideo(
+        in_channels=3, out_channels=3, latent_channels=4, block_out_channels=(4, 8, 8), layers_per_block=1,
+        down_block_types=("HunyuanVideoDownBlock3D",) * 3, up_block_types=("HunyuanVideoUpBlock3D",) * 3,
+        norm_num_groups=2, spatial_compression_ratio=4, temporal_compression_ratio=4, **config)
+
+
+def scenario_hunyuan_video_convs():
+    """HunyuanVideo without its mid-block attention: causal convs with
+    replicate padding in time and space, strided causal down-sampling,
+    up-sampling of every frame but the clip's first in time, GroupNorm over
+    time. Against the model as shipped: its temporal tiling starts past 16
+    frames (4 latent frames), beyond these clips, so the shipped call is the
+    whole-sequence one."""
+    check(hunyuan_video(mid_block_add_attention=False), (8, 8))
+    check(hunyuan_video(mid_block_add_attention=False), (8, 8), splits={w: g[:1] for w, g in GROUPS.items()},
+          checkpointing=True)
+
+
+def scenario_hunyuan_video_bad_split():
+    """A shard the split does not allow (here the last rank's, one frame
+    too many) is refused on every rank alike, naming the rank and its
+    length, in encode and in decode (rank 0 without a latent frame)."""
+    import pytest
+
+    vae = hd.parallelize_vae(hunyuan_video(mid_block_add_attention=False)().double())
+    last = ranks.WORLD - 1
+    frames = (1 if ranks.RANK == 0 else 4) + (ranks.RANK == last)
+    wrong = (1 if last == 0 else 4) + 1
+    with pytest.raises(ValueError, match=f"rank {last} holds {wrong} frames: the split wants rank 0 holds 1 "):
+        vae.encode(torch.zeros(1, 3, frames, 8, 8, dtype=torch.float64))
+    latents = 0 if ranks.RANK == 0 else 1
+    with pytest.raises(ValueError, match="rank 0 holds 0 latent frames"):
+        vae.decode(torch.zeros(1, 4, latents, 2, 2, dtype=torch.float64))
+
+
 if __name__ == "__main__":
     ranks.main(globals())

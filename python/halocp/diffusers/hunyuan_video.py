@@ -1,0 +1,107 @@
+"""HunyuanVideo's VAE (AutoencoderKLHunyuanVideo): causal convs padding
+time with copies of the clip's first frame and space by replication,
+strided causal down-sampling convs, up-samplers that double every frame but
+the clip's first in time, GroupNorm over time, and the mid-blocks'
+attention over every (frame, h, w) token with a causal frame mask."""
+
+from __future__ import annotations
+
+import torch
+
+from .._sharding import shard_table, world_and_rank
+from . import _convert as cv
+
+# F.pad's modes as torch's Conv3d names them.
+_PAD_MODES = {"replicate": "replicate", "constant": "zeros", "reflect": "reflect", "circular": "circular"}
+
+
+def _check_frames(vae, group, x, latent):
+    """Refuse, on every rank alike, a shard that the split does not allow:
+    rank 0 holds 1 + r*k0 frames (1 + k0 latent frames), rank i > 0 r*ki
+    (ki latent frames). Without this a wrong length would give wrong frames,
+    silently: the strided convs would still agree on some split."""
+    r = 1 if latent else vae.temporal_compression_ratio
+    world, rank = world_and_rank(group)
+    row = [x.shape[2] if x.dim() == 5 else -1]
+    table = shard_table(row, group, x.device) if world > 1 else [row]
+    bad = [(i, n) for i, (n,) in enumerate(table) if n < (i == 0) or (n - (i == 0)) % r]
+    if bad:
+        what = "latent frames" if latent else "frames"
+        rule = (f"rank 0 holds 1 + {r}*k0 {what}, rank i > 0 {r}*ki (k >= 0)" if r > 1 else
+                f"rank 0 holds at least one latent frame")
+        raise ValueError("halocp.diffusers: AutoencoderKLHunyuanVideo's " + "; ".join(
+            f"rank {i} holds {n} {what}" if n >= 0 else f"rank {i}'s input is not (N, C, T, H, W)"
+            for i, n in bad) + f": the split wants {rule}")
+
+
+def _hunyuan_model(vae):
+    if any(a is not None for m in vae.modules() if type(m).__name__ == "HunyuanVideoMidBlock3D" for a in m.attentions):
+        raise NotImplementedError("halocp.diffusers: HunyuanVideo's mid-block attention is not converted yet")
+    cv.no_temporal_tiling(vae)
+    encode, decode = vae._encode, vae._decode
+
+    def _encode(x, *args, **kwargs):
+        _check_frames(vae, vae._halocp_group, x, False)
+        return encode(x, *args, **kwargs)
+
+    def _decode(z, *args, **kwargs):
+        _check_frames(vae, vae._halocp_group, z, True)
+        return decode(z, *args, **kwargs)
+
+    vae._encode, vae._decode = _encode, _decode
+
+
+def _hunyuan_causal_conv(m, group):
+    """HunyuanVideoCausalConv3d: F.pad of (kw//2, kw//2, kh//2, kh//2,
+    kt-1, 0) in its pad_mode (replicate: the clip's first frame repeated
+    before it, the frame's borders in space), then the conv with its own
+    padding (zeros, none in the models): a causal conv whose spatial padding
+    is the pad's. The pad reads the kernel's sizes in the model's order, W
+    from kernel_size[0] and T from kernel_size[2] (the same for the cubic
+    kernels the model builds)."""
+    conv = m.conv
+    pw, ph, pt = m.time_causal_padding[0], m.time_causal_padding[2], m.time_causal_padding[4]
+    if any(conv.padding) or pt != conv.kernel_size[0] - 1 or m.pad_mode not in _PAD_MODES:
+        raise NotImplementedError(f"halocp.diffusers: a HunyuanVideoCausalConv3d padding {m.time_causal_padding} "
+                                  f"({m.pad_mode}) around a kernel {tuple(conv.kernel_size)} with its own padding "
+                                  f"{tuple(conv.padding)}")
+    mode = _PAD_MODES[m.pad_mode]
+    # Nothing padded (the 1x1x1 shortcuts): zeros, the layer's one-frame path.
+    conv.padding, conv.padding_mode = (0, ph, pw), mode if ph or pw else "zeros"
+    cv.replace(m, "conv", cv.conv3d(conv, group, True, mode if pt else "zeros"))
+    cv.override(m, lambda self, x: self.conv(x))
+
+
+def _nearest(x, factors):
+    """Nearest up-sampling of (N, C, T, H, W) by integer factors (t, h, w):
+    F.interpolate's nearest for these, which also takes an empty shard."""
+    for dim, f in zip((2, 3, 4), factors):
+        if f != 1:
+            x = x.repeat_interleave(f, dim=dim)
+    return x
+
+
+def _hunyuan_upsample(m, group):
+    """HunyuanVideoUpsampleCausal3D: the clip's first frame up-sampled in
+    space only (by rank 0, which holds it), every other frame in time and
+    space; then its causal conv."""
+    factors = tuple(m.upsample_factor)
+    if any(int(f) != f or f < 1 for f in factors):
+        raise NotImplementedError(f"halocp.diffusers: a HunyuanVideoUpsampleCausal3D by {factors} (not integers)")
+    factors = tuple(int(f) for f in factors)
+
+    def forward(self, x):
+        if cv.holds_first_frame(group):
+            x = torch.cat([_nearest(x[:, :, :1], (1,) + factors[1:]), _nearest(x[:, :, 1:], factors)], dim=2)
+        else:
+            x = _nearest(x, factors)
+        return self.conv(x)
+
+    cv.override(m, forward)
+
+
+MODELS = {"AutoencoderKLHunyuanVideo": _hunyuan_model}
+BLOCKS = {
+    "HunyuanVideoCausalConv3d": _hunyuan_causal_conv,
+    "HunyuanVideoUpsampleCausal3D": _hunyuan_upsample,
+}
