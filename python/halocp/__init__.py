@@ -39,6 +39,7 @@ from ._layout import mark_sharded
 from .exchange import cp_halo_exchange, cp_halo_exchange_start, halo_exchange_, halo_exchange_start_, halos, halos_start
 from .halo_sum import cp_halo_sum
 from .tiles import TileGrid, tile_halo_exchange
+from .attention import causal_frame_attention
 from . import nn
 from . import diffusers  # imports no diffusers: the VAEs' converters look blocks up by name
 
@@ -56,6 +57,7 @@ __all__ = [
     "cp_halo_sum",
     "TileGrid",
     "tile_halo_exchange",
+    "causal_frame_attention",
     "mark_sharded",
     "Exchange",
     "abort",

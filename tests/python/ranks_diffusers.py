@@ -234,6 +234,15 @@ def scenario_hunyuan_video_convs():
           checkpointing=True)
 
 
+def scenario_hunyuan_video():
+    """HunyuanVideo as configured by default, with its mid-blocks' attention
+    over every (frame, h, w) token, causal by frame: context-parallel by
+    halocp.causal_frame_attention. Against the model as shipped (see above);
+    and with activation checkpointing."""
+    check(hunyuan_video(), (8, 8))
+    check(hunyuan_video(), (8, 8), splits={w: g[:1] for w, g in GROUPS.items()}, checkpointing=True)
+
+
 def scenario_hunyuan_video_bad_split():
     """A shard the split does not allow (here the last rank's, one frame
     too many) is refused on every rank alike, naming the rank and its

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from .. import attention as cpattn
 from .._sharding import shard_table, world_and_rank
 from . import _convert as cv
 
@@ -35,8 +36,6 @@ def _check_frames(vae, group, x, latent):
 
 
 def _hunyuan_model(vae):
-    if any(a is not None for m in vae.modules() if type(m).__name__ == "HunyuanVideoMidBlock3D" for a in m.attentions):
-        raise NotImplementedError("halocp.diffusers: HunyuanVideo's mid-block attention is not converted yet")
     cv.no_temporal_tiling(vae)
     encode, decode = vae._encode, vae._decode
 
@@ -100,8 +99,64 @@ def _hunyuan_upsample(m, group):
     cv.override(m, forward)
 
 
+def _attend(attn, x, group):
+    """The mid-block's attention (diffusers' AttnProcessor2_0 on the
+    flattened (frame, h, w) tokens with prepare_causal_attention_mask): the
+    GroupNorm over the whole clip's tokens, the projections per token, and
+    halocp.causal_frame_attention, each rank's queries against the keys and
+    values of its own and every earlier rank's frames."""
+    n, c, t, h, w = x.shape
+    length = t * h * w
+    tokens = x.permute(0, 2, 3, 4, 1).reshape(n, length, c)
+    residual = tokens
+    if attn.group_norm is not None:
+        tokens = attn.group_norm(tokens.transpose(1, 2)).transpose(1, 2)
+    q, k, v = attn.to_q(tokens), attn.to_k(tokens), attn.to_v(tokens)
+    # Explicit sizes: an empty shard's view cannot infer one from no elements.
+    q, k, v = (p.view(n, length, attn.heads, p.shape[-1] // attn.heads).transpose(1, 2) for p in (q, k, v))
+    if attn.norm_q is not None:
+        q = attn.norm_q(q)
+    if attn.norm_k is not None:
+        k = attn.norm_k(k)
+    # The logits' scale is scaled_dot_product_attention's default, as the
+    # shipped processor's (it leaves attn.scale aside).
+    y = cpattn.causal_frame_attention(q, k, v, h * w, group)
+    y = y.transpose(1, 2).reshape(n, length, attn.heads * y.shape[-1]).to(q.dtype)
+    y = attn.to_out[1](attn.to_out[0](y))
+    if attn.residual_connection:
+        y = y + residual
+    y = y / attn.rescale_output_factor
+    return y.reshape(n, t, h, w, y.shape[-1]).permute(0, 4, 1, 2, 3)
+
+
+def _hunyuan_mid_block(m, group):
+    """HunyuanVideoMidBlock3D: its resnets, and between them its attention
+    over every (frame, h, w) token, causal by frame, made context-parallel
+    (_attend); its gradient checkpointing as the model's, of the resnets."""
+    for attn in m.attentions:
+        if attn is not None and (attn.spatial_norm is not None or attn.is_cross_attention):
+            raise NotImplementedError("halocp.diffusers: a HunyuanVideoMidBlock3D attention with a spatial norm "
+                                      "or cross-attention")
+
+    def forward(self, x):
+        checkpoint = torch.is_grad_enabled() and self.gradient_checkpointing
+
+        def run(block, x):
+            return self._gradient_checkpointing_func(block, x) if checkpoint else block(x)
+
+        x = run(self.resnets[0], x)
+        for attn, resnet in zip(self.attentions, self.resnets[1:]):
+            if attn is not None:
+                x = _attend(attn, x, group)
+            x = run(resnet, x)
+        return x
+
+    cv.override(m, forward)
+
+
 MODELS = {"AutoencoderKLHunyuanVideo": _hunyuan_model}
 BLOCKS = {
     "HunyuanVideoCausalConv3d": _hunyuan_causal_conv,
     "HunyuanVideoUpsampleCausal3D": _hunyuan_upsample,
+    "HunyuanVideoMidBlock3D": _hunyuan_mid_block,
 }
