@@ -241,6 +241,22 @@ def scenario_hunyuan_video():
     and with activation checkpointing."""
     check(hunyuan_video(), (8, 8))
     check(hunyuan_video(), (8, 8), splits={w: g[:1] for w, g in GROUPS.items()}, checkpointing=True)
+    check(hunyuan_video(), (8, 8), splits=LONG_GROUPS, whole_clip=no_framewise)
+
+
+# 21 frames (6 latent frames): past HunyuanVideo's temporal tiling threshold.
+LONG_GROUPS = {1: [[5]], 2: [[1, 4]], 3: [[3, 0, 2]]}
+
+
+def no_framewise(vae):
+    """HunyuanVideo as shipped encodes a clip of more than 16 frames (decodes
+    more than 4 latent frames) in overlapping temporal tiles, 17 frames (5
+    latent frames) each, every 12 (3), blended linearly where they overlap:
+    each tile's GroupNorm statistics and attention see that tile alone, so
+    the result is not the whole-sequence computation. The reference is the
+    model in one call over the whole clip (use_framewise_* off), as the
+    sharded model computes it."""
+    vae.use_framewise_encoding = vae.use_framewise_decoding = False
 
 
 def scenario_hunyuan_video_bad_split():
