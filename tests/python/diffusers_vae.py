@@ -24,7 +24,7 @@ import halocp.diffusers as hd  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 SCENARIOS = ["ltx", "ltx_shipped", "ltx095", "cogvideox", "hunyuan_video_convs", "hunyuan_video",
-             "hunyuan_video_bad_split"]
+             "hunyuan_video_bad_split", "hunyuan_video15"]
 
 
 @pytest.fixture(scope="module", params=[1, 2, 3], ids=lambda w: f"W{w}")

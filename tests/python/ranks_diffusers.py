@@ -276,5 +276,22 @@ def scenario_hunyuan_video_bad_split():
         vae.decode(torch.zeros(1, 4, latents, 2, 2, dtype=torch.float64))
 
 
+def scenario_hunyuan_video15():
+    """HunyuanVideo 1.5: the same causal convs, space-to-depth down-sampling
+    and depth-to-space up-sampling that fold the clip's first frame in space
+    only, per-frame RMS norms, the mid-blocks' causal frame attention; and
+    with activation checkpointing. It has no temporal tiling: against the
+    model as shipped."""
+    from diffusers import AutoencoderKLHunyuanVideo15
+
+    def build():
+        return AutoencoderKLHunyuanVideo15(in_channels=3, out_channels=3, latent_channels=4,
+                                           block_out_channels=(8, 16, 16), layers_per_block=1,
+                                           spatial_compression_ratio=4, temporal_compression_ratio=4)
+
+    check(build, (8, 8))
+    check(build, (8, 8), splits={w: g[:1] for w, g in GROUPS.items()}, checkpointing=True)
+
+
 if __name__ == "__main__":
     ranks.main(globals())

@@ -2,7 +2,12 @@
 time with copies of the clip's first frame and space by replication,
 strided causal down-sampling convs, up-samplers that double every frame but
 the clip's first in time, GroupNorm over time, and the mid-blocks'
-attention over every (frame, h, w) token with a causal frame mask."""
+attention over every (frame, h, w) token with a causal frame mask.
+
+HunyuanVideo 1.5's (AutoencoderKLHunyuanVideo15), built from the same causal
+convs and attention: space-to-depth down-samplers and depth-to-space
+up-samplers that fold the clip's first frame in space only, per-frame RMS
+norms."""
 
 from __future__ import annotations
 
@@ -30,7 +35,7 @@ def _check_frames(vae, group, x, latent):
         what = "latent frames" if latent else "frames"
         rule = (f"rank 0 holds 1 + {r}*k0 {what}, rank i > 0 {r}*ki (k >= 0)" if r > 1 else
                 f"rank 0 holds at least one latent frame")
-        raise ValueError("halocp.diffusers: AutoencoderKLHunyuanVideo's " + "; ".join(
+        raise ValueError(f"halocp.diffusers: {type(vae).__name__}'s " + "; ".join(
             f"rank {i} holds {n} {what}" if n >= 0 else f"rank {i}'s input is not (N, C, T, H, W)"
             for i, n in bad) + f": the split wants {rule}")
 
@@ -154,9 +159,87 @@ def _hunyuan_mid_block(m, group):
     cv.override(m, forward)
 
 
-MODELS = {"AutoencoderKLHunyuanVideo": _hunyuan_model}
+def _attn15(m, group):
+    """HunyuanVideo15AttnBlock: one head over every (frame, h, w) token,
+    the channels its width, causal by frame (its own
+    prepare_causal_attention_mask): the per-token RMS norm and 1x1x1
+    projections as they are, halocp.causal_frame_attention between."""
+
+    def forward(self, x):
+        identity = x
+        x = self.norm(x)
+        q, k, v = self.to_q(x), self.to_k(x), self.to_v(x)
+        n, c, t, h, w = q.shape
+        q, k, v = (p.reshape(n, c, t * h * w).transpose(1, 2).unsqueeze(1) for p in (q, k, v))
+        y = cpattn.causal_frame_attention(q, k, v, h * w, group)
+        y = y.squeeze(1).reshape(n, t, h, w, c).permute(0, 4, 1, 2, 3)
+        return self.proj_out(y) + identity
+
+    cv.override(m, forward)
+
+
+def _downsample15(m, group):
+    """HunyuanVideo15Downsample: its causal conv, then space-to-depth (and a
+    mean over channel groups for the shortcut); with a temporal fold, the
+    clip's first frame is folded in space only and the frames after it in
+    pairs, which never straddle shards (rank 0 holds 1 + 2k frames, the
+    others 2k). Rank 0 runs the model's forward; the others fold every frame
+    in pairs."""
+
+    def forward(self, x):
+        if not self.add_temporal_downsample or cv.holds_first_frame(group):
+            return type(self).forward(self, x)
+        h = self._dcae_downsample_rearrange(self.conv(x), r1=2, r2=2, r3=2)
+        s = self._dcae_downsample_rearrange(x, r1=2, r2=2, r3=2)
+        n, _, t, hh, ww = s.shape
+        return h + s.view(n, h.shape[1], self.group_size, t, hh, ww).mean(dim=2)
+
+    cv.override(m, forward)
+
+
+def _upsample15(m, group):
+    """HunyuanVideo15Upsample: its causal conv, then depth-to-space (the
+    shortcut its input's channels repeated); with a temporal unfold, the
+    clip's first frame unfolds in space only and every other frame into
+    two. Rank 0 runs the model's forward; the others unfold every frame in
+    two, the shortcut repeated after the unfold, as the model does for the
+    frames after the first."""
+
+    def forward(self, x):
+        if not self.add_temporal_upsample or cv.holds_first_frame(group):
+            return type(self).forward(self, x)
+        h = self._dcae_upsample_rearrange(self.conv(x), r1=2, r2=2, r3=2)
+        shortcut = self._dcae_upsample_rearrange(x, r1=2, r2=2, r3=2).repeat_interleave(self.repeats, dim=1)
+        return h + shortcut
+
+    cv.override(m, forward)
+
+
+def _encoder15(m, group):
+    """HunyuanVideo15Encoder3D: as the model's, its closing shortcut's view
+    with explicit sizes, which an empty shard takes (diffusers' infers one
+    from no elements)."""
+
+    def forward(self, x):
+        x = self.conv_in(x)
+        checkpoint = torch.is_grad_enabled() and self.gradient_checkpointing
+        for block in (*self.down_blocks, self.mid_block):
+            x = self._gradient_checkpointing_func(block, x) if checkpoint else block(x)
+        n, c, t, h, w = x.shape
+        shortcut = x.view(n, c // self.group_size, self.group_size, t, h, w).mean(dim=2)
+        return self.conv_out(self.conv_act(self.norm_out(x))) + shortcut
+
+    cv.override(m, forward)
+
+
+MODELS = {"AutoencoderKLHunyuanVideo": _hunyuan_model, "AutoencoderKLHunyuanVideo15": _hunyuan_model}
 BLOCKS = {
     "HunyuanVideoCausalConv3d": _hunyuan_causal_conv,
     "HunyuanVideoUpsampleCausal3D": _hunyuan_upsample,
     "HunyuanVideoMidBlock3D": _hunyuan_mid_block,
+    "HunyuanVideo15CausalConv3d": _hunyuan_causal_conv,
+    "HunyuanVideo15AttnBlock": _attn15,
+    "HunyuanVideo15Downsample": _downsample15,
+    "HunyuanVideo15Upsample": _upsample15,
+    "HunyuanVideo15Encoder3D": _encoder15,
 }
