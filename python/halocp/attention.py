@@ -33,6 +33,7 @@ __all__ = ["causal_frame_attention"]
 # What every rank sends first: its token count and what the ranks must
 # agree on, so that a mismatch raises on every rank alike before the gather.
 _ROW = ("tokens", "batch", "heads", "head dim", "value dim", "tokens per frame", "input grad", "dtype")
+_DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
 
 
 class _GatherKeysValues(torch.autograd.Function):
@@ -85,22 +86,29 @@ def causal_frame_attention(q: Tensor, k: Tensor, v: Tensor, tokens_per_frame: in
     sequence's attention; the gradients of the keys and values go back to
     the ranks that hold them. Ranks that disagree on the shapes, the dtype
     or whether a gradient is needed all raise one ``HaloError``
-    (``ERR_MISMATCH``), as does a length that is not whole frames.
+    (``ERR_MISMATCH``), as does a length that is not whole frames; inputs
+    that one rank refuses (shapes that do not go together, dtypes or
+    devices that differ), ``ERR_INVALID_ARGUMENT`` on every rank, naming it.
     """
     world, rank = world_and_rank(group)
     # Which inputs need a gradient (1: q, 2: k or v) is agreed too: the
     # ranks whose keys and values need one run the backward's all_reduce.
     grad = torch.is_grad_enabled() and (q.requires_grad + 2 * (k.requires_grad or v.requires_grad))
     shapes_ok = q.dim() == k.dim() == v.dim() == 4 and q.shape[:3] == k.shape[:3] == v.shape[:3] and \
-        q.shape[3] == k.shape[3]
-    if not shapes_ok:
-        raise HaloError(_lib.ERR_INVALID_ARGUMENT,
-                        f"halocp.causal_frame_attention on rank {rank}: q, k and v want (N, heads, L, E) with one "
-                        f"(N, heads, L) and E for q and k, not {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
-    n_batch, heads, length, dim = q.shape
-    row = [length, n_batch, heads, dim, v.shape[3], int(tokens_per_frame), int(grad),
+        q.shape[3] == k.shape[3] and q.dtype == k.dtype == v.dtype and q.device == k.device == v.device
+    n_batch, heads, length, dim = q.shape if shapes_ok else (-1,) * 4
+    row = [length, n_batch, heads, dim, v.shape[-1], int(tokens_per_frame), int(grad),
            _DTYPES.index(q.dtype) if q.dtype in _DTYPES else -1]
+    # A rank that refuses its own inputs still sends its row (the others
+    # are in the gather already), so that every rank raises.
     table = shard_table(row, group, q.device) if distributed(group) and world > 1 else [row]
+    refused = [r for r, t in enumerate(table) if t[0] < 0]
+    if refused:
+        mine = f"; rank {rank}'s: {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}" if rank in refused else ""
+        raise HaloError(_lib.ERR_INVALID_ARGUMENT,
+                        f"halocp.causal_frame_attention: q, k and v want (N, heads, L, E) with one (N, heads, L), "
+                        f"one E for q and k, one dtype and device; not on rank(s) "
+                        f"{', '.join(map(str, refused))}{mine}")
     found = disagreement(table, {i: name for i, name in enumerate(_ROW) if i})
     partial = [f"rank {r}: {t[0]} tokens" for r, t in enumerate(table)
                if t[5] <= 0 or t[0] % max(t[5], 1)]
@@ -124,5 +132,3 @@ def causal_frame_attention(q: Tensor, k: Tensor, v: Tensor, tokens_per_frame: in
     mask = key_frame[None, :] <= query_frame[:, None]
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
 
-
-_DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)

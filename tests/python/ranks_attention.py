@@ -65,8 +65,9 @@ def scenario_causal_frame_attention():
 
 
 def scenario_causal_frame_attention_refuses():
-    """Ranks that disagree (on the heads), or a shard that is not whole
-    frames, raise one HaloError on every rank, before any gather."""
+    """Ranks that disagree (on the heads), a shard that is not whole
+    frames, or inputs one rank refuses (keys of another width than its
+    queries) raise one HaloError on every rank, before any gather."""
     import pytest
 
     heads = 2 if ranks.RANK == ranks.WORLD - 1 and ranks.WORLD > 1 else 1
@@ -75,6 +76,10 @@ def scenario_causal_frame_attention_refuses():
         with pytest.raises(halocp.HaloError, match=f"disagree .*rank {ranks.WORLD - 1}: .*heads 2") as e:
             halocp.causal_frame_attention(t, t, t, 3)
         expect(e.value.code == halocp.ERR_MISMATCH, f"code {e.value.code}")
+    bad = torch.zeros(1, 1, 6, 3 if ranks.RANK == ranks.WORLD - 1 else 4, dtype=torch.float64)
+    with pytest.raises(halocp.HaloError, match=f"not on rank\\(s\\) {ranks.WORLD - 1}") as e:
+        halocp.causal_frame_attention(t[:, :1], bad, t[:, :1], 3)
+    expect(e.value.code == halocp.ERR_INVALID_ARGUMENT, f"code {e.value.code}")
     length = 5 if ranks.RANK == 0 else 6
     t = torch.zeros(1, 1, length, 4, dtype=torch.float64)
     with pytest.raises(halocp.HaloError, match="not whole frames of 3 tokens \\(rank 0: 5 tokens\\)"):

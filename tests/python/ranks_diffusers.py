@@ -262,7 +262,8 @@ def no_framewise(vae):
 def scenario_hunyuan_video_bad_split():
     """A shard the split does not allow (here the last rank's, one frame
     too many) is refused on every rank alike, naming the rank and its
-    length, in encode and in decode (rank 0 without a latent frame)."""
+    length, in encode and in decode (rank 0 without a latent frame); by
+    HunyuanVideo 1.5 too."""
     import pytest
 
     vae = hd.parallelize_vae(hunyuan_video(mid_block_add_attention=False)().double())
@@ -274,6 +275,12 @@ def scenario_hunyuan_video_bad_split():
     latents = 0 if ranks.RANK == 0 else 1
     with pytest.raises(ValueError, match="rank 0 holds 0 latent frames"):
         vae.decode(torch.zeros(1, 4, latents, 2, 2, dtype=torch.float64))
+    from diffusers import AutoencoderKLHunyuanVideo15
+
+    vae = hd.parallelize_vae(AutoencoderKLHunyuanVideo15(latent_channels=4, block_out_channels=(8, 16, 16),
+                                                         layers_per_block=1, spatial_compression_ratio=4).double())
+    with pytest.raises(ValueError, match=f"AutoencoderKLHunyuanVideo15's rank {last} holds {wrong} frames"):
+        vae.encode(torch.zeros(1, 3, frames, 8, 8, dtype=torch.float64))
 
 
 def scenario_hunyuan_video15():
