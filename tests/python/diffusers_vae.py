@@ -23,7 +23,7 @@ sys.path.insert(0, str(REPO / "python"))
 import halocp.diffusers as hd  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
-SCENARIOS = ["ltx", "ltx_shipped", "ltx095", "cogvideox", "hunyuan_video_convs", "hunyuan_video",
+SCENARIOS = ["ltx", "ltx_shipped", "ltx095", "cogvideox", "hunyuan_video",
              "hunyuan_video_bad_split", "hunyuan_video15"]
 
 

@@ -222,23 +222,15 @@ def hunyuan_video(**config):
         norm_num_groups=2, spatial_compression_ratio=4, temporal_compression_ratio=4, **config)
 
 
-def scenario_hunyuan_video_convs():
-    """HunyuanVideo without its mid-block attention: causal convs with
-    replicate padding in time and space, strided causal down-sampling,
-    up-sampling of every frame but the clip's first in time, GroupNorm over
-    time. Against the model as shipped: its temporal tiling starts past 16
-    frames (4 latent frames), beyond these clips, so the shipped call is the
-    whole-sequence one."""
-    check(hunyuan_video(mid_block_add_attention=False), (8, 8))
-    check(hunyuan_video(mid_block_add_attention=False), (8, 8), splits={w: g[:1] for w, g in GROUPS.items()},
-          checkpointing=True)
-
-
 def scenario_hunyuan_video():
-    """HunyuanVideo as configured by default, with its mid-blocks' attention
-    over every (frame, h, w) token, causal by frame: context-parallel by
-    halocp.causal_frame_attention. Against the model as shipped (see above);
-    and with activation checkpointing."""
+    """HunyuanVideo: causal convs with replicate padding in time and space,
+    strided causal down-sampling, up-sampling of every frame but the clip's
+    first in time, GroupNorm over time, and the mid-blocks' attention over
+    every (frame, h, w) token, causal by frame, on
+    halocp.causal_frame_attention. Against the model as shipped: its
+    temporal tiling starts past 16 frames (4 latent frames), beyond these
+    clips, so the shipped call is the whole-sequence one; once more with
+    activation checkpointing; then a clip past the tiling (no_framewise)."""
     check(hunyuan_video(), (8, 8))
     check(hunyuan_video(), (8, 8), splits={w: g[:1] for w, g in GROUPS.items()}, checkpointing=True)
     check(hunyuan_video(), (8, 8), splits=LONG_GROUPS, whole_clip=no_framewise)
