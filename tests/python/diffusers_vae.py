@@ -87,3 +87,24 @@ def test_same_module_and_parameters():
     assert list(vae.state_dict()) == keys
     with pytest.raises(ValueError, match="already parallelized"):
         hd.parallelize_vae(vae)
+
+
+def test_hunyuan_video_deepcopy():
+    """A deepcopy of a parallelized HunyuanVideo runs its own modules: the
+    frame check and the blocks' forwards are bound to the copy."""
+    import copy
+
+    from diffusers import AutoencoderKLHunyuanVideo
+
+    vae = hd.parallelize_vae(AutoencoderKLHunyuanVideo(
+        latent_channels=4, block_out_channels=(4, 8, 8), layers_per_block=1, norm_num_groups=2,
+        down_block_types=("HunyuanVideoDownBlock3D",) * 3, up_block_types=("HunyuanVideoUpBlock3D",) * 3,
+        spatial_compression_ratio=4).double())
+    twin = copy.deepcopy(vae)
+    assert twin._encode.__self__ is twin and twin._decode.__self__ is twin
+    assert twin.encoder.mid_block.forward.__self__ is twin.encoder.mid_block
+    x = torch.randn(1, 3, 5, 8, 8, dtype=torch.float64)
+    with torch.no_grad():
+        assert torch.equal(twin.encode(x).latent_dist.mode(), vae.encode(x).latent_dist.mode())
+    with pytest.raises(ValueError, match="rank 0 holds 4 frames"):
+        twin.encode(x[:, :, :4])

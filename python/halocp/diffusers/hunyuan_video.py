@@ -11,6 +11,8 @@ norms."""
 
 from __future__ import annotations
 
+import types
+
 import torch
 
 from .. import attention as cpattn
@@ -27,14 +29,14 @@ def _check_frames(vae, group, x, latent):
     (ki latent frames). Without this a wrong length would give wrong frames,
     silently: the strided convs would still agree on some split."""
     r = 1 if latent else vae.temporal_compression_ratio
-    world, rank = world_and_rank(group)
+    world, _ = world_and_rank(group)
     row = [x.shape[2] if x.dim() == 5 else -1]
     table = shard_table(row, group, x.device) if world > 1 else [row]
     bad = [(i, n) for i, (n,) in enumerate(table) if n < (i == 0) or (n - (i == 0)) % r]
     if bad:
         what = "latent frames" if latent else "frames"
         rule = (f"rank 0 holds 1 + {r}*k0 {what}, rank i > 0 {r}*ki (k >= 0)" if r > 1 else
-                f"rank 0 holds at least one latent frame")
+                "rank 0 holds at least one latent frame")
         raise ValueError(f"halocp.diffusers: {type(vae).__name__}'s " + "; ".join(
             f"rank {i} holds {n} {what}" if n >= 0 else f"rank {i}'s input is not (N, C, T, H, W)"
             for i, n in bad) + f": the split wants {rule}")
@@ -42,17 +44,18 @@ def _check_frames(vae, group, x, latent):
 
 def _hunyuan_model(vae):
     cv.no_temporal_tiling(vae)
-    encode, decode = vae._encode, vae._decode
+    encode, decode = type(vae)._encode, type(vae)._decode
 
-    def _encode(x, *args, **kwargs):
-        _check_frames(vae, vae._halocp_group, x, False)
-        return encode(x, *args, **kwargs)
+    # Methods bound to the model (a deepcopy binds them to the copy).
+    def _encode(self, x, *args, **kwargs):
+        _check_frames(self, self._halocp_group, x, False)
+        return encode(self, x, *args, **kwargs)
 
-    def _decode(z, *args, **kwargs):
-        _check_frames(vae, vae._halocp_group, z, True)
-        return decode(z, *args, **kwargs)
+    def _decode(self, z, *args, **kwargs):
+        _check_frames(self, self._halocp_group, z, True)
+        return decode(self, z, *args, **kwargs)
 
-    vae._encode, vae._decode = _encode, _decode
+    vae._encode, vae._decode = types.MethodType(_encode, vae), types.MethodType(_decode, vae)
 
 
 def _hunyuan_causal_conv(m, group):
