@@ -11,7 +11,8 @@ Also: the halos alone (``halos``), exchanges started now and finished later
 ``abort`` for a watchdog, halos of tensors tiled over a grid of ranks
 (``TileGrid``, ``tile_halo_exchange``), and context-parallel and tiled
 convolution layers (``halocp.nn``), the summing exchange of transposed
-convolutions (``cp_halo_sum``).
+convolutions (``cp_halo_sum``), attention over a sequence sharded along time,
+causal by frame (``causal_frame_attention``).
 Python over ``libhalo.so`` through ctypes; the library is found through
 ``HALO_LIBRARY``, inside this package (where the wheel puts it), in a source
 checkout's ``build/lib``, or on the dynamic loader's path.
