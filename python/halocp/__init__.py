@@ -11,8 +11,8 @@ Also: the halos alone (``halos``), exchanges started now and finished later
 ``abort`` for a watchdog, halos of tensors tiled over a grid of ranks
 (``TileGrid``, ``tile_halo_exchange``), and context-parallel and tiled
 convolution layers (``halocp.nn``), the summing exchange of transposed
-convolutions (``cp_halo_sum``), attention over a sharded sequence
-(``cp_attention``).
+convolutions (``cp_halo_sum``), attention over a sharded sequence, causal
+by position or by frame (``cp_attention``).
 Python over ``libhalo.so`` through ctypes; the library is found through
 ``HALO_LIBRARY``, inside this package (where the wheel puts it), in a source
 checkout's ``build/lib``, or on the dynamic loader's path.

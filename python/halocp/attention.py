@@ -1,8 +1,10 @@
 """Attention over a sequence sharded across a group: each rank's queries
-against the whole sequence's keys and values, causal or not. The keys and
+against the whole sequence's keys and values, causal (by position, or by
+frame for a video's flattened (frame, h, w) tokens) or not. The keys and
 values a rank's queries need from the others come in one halo exchange (of
-both side by side), its gradient going back to the ranks that hold them in
-the exchange's backward."""
+both side by side), their gradients going back to the ranks that hold them
+in the exchange's backward. Mochi's VAE attends over frames causally,
+HunyuanVideo's over (frame, h, w) tokens causally by frame: both run here."""
 
 from __future__ import annotations
 
@@ -10,53 +12,82 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ._sharding import world_and_rank
+from . import _lib
+from ._lib import HaloError
+from ._sharding import disagreement, world_and_rank
 from ._splits import ShardTable
 from .exchange import cp_halo_exchange
 
 __all__ = ["cp_attention"]
 
+# Every rank's row of the shard table: its length and what the ranks must
+# agree on, so that a mismatch raises on every rank alike before the exchange.
+_ROW = ("length", "batch", "heads", "key dim", "value dim", "tokens per frame", "causal", "dtype")
+_DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
 
-def cp_attention(query: Tensor, key: Tensor, value: Tensor, *, causal: bool = False, scale: float | None = None,
-                 group=None) -> Tensor:
+
+def cp_attention(query: Tensor, key: Tensor, value: Tensor, *, causal: bool = False, tokens_per_frame: int = 1,
+                 scale: float | None = None, group=None) -> Tensor:
     """This rank's part of ``F.scaled_dot_product_attention(query, key,
-    value, is_causal=causal, scale=scale)`` over a sequence sharded along
-    dim -2 in rank order (sdpa's layout ``(..., L, E)``): the ranks' outputs
-    put together, and every gradient, are those of the attention over the
-    whole sequence (self-attention: each rank holds the same positions of
-    queries, keys and values; shards of any length, 0 included).
+    value, scale=scale)`` over a sequence sharded along dim -2 in rank order
+    (sdpa's layout ``(N, heads, L, E)``, values ``(N, heads, L, Ev)``): the
+    ranks' outputs put together, and every gradient, are those of the
+    attention over the whole sequence (self-attention: each rank holds the
+    same positions of queries, keys and values; shards of any length, 0
+    included). ``causal``: position i attends positions 0 .. i; with
+    ``tokens_per_frame`` f, a frame's tokens attend their own frame's and
+    every earlier frame's (HunyuanVideo's ``prepare_causal_attention_mask``),
+    and every shard is whole frames.
 
     Each rank brings in the keys and values of the positions before its
     shard (``causal``) or of the whole sequence but its own, as a halo as
     long as the longest any rank needs: memory of an all-gather of keys and
     values, never of the attention matrix's rows of another rank. Positions
-    beyond the sequence and, when causal, after each query are masked.
+    beyond the sequence and, when causal, after each query's frame are masked.
 
-    Collective over ``group`` (the shard table's small exchange of the
-    lengths, then the exchange); shards whose query, key and value lengths differ
-    are refused on every rank alike, naming them (``ValueError``).
+    Collective over ``group`` (``None``: the default group, or one process
+    holding the whole sequence): the shard table's small exchange, then the
+    keys' and values'. Inputs one rank refuses (shapes that do not go
+    together, another dtype or device) raise ``HaloError``
+    (``ERR_INVALID_ARGUMENT``) on every rank, naming it; ranks that disagree
+    on the shapes, the dtype, ``causal`` or ``tokens_per_frame``, or a shard
+    that is not whole frames, ``ERR_MISMATCH`` on every rank.
     """
-    n = query.shape[-2]
-    ok = key.shape[-2] == n and value.shape[-2] == n and key.dim() == query.dim() == value.dim() >= 2
+    ok = query.dim() == key.dim() == value.dim() == 4 and query.shape[:3] == key.shape[:3] == value.shape[:3] \
+        and query.shape[3] == key.shape[3] and query.dtype == key.dtype == value.dtype \
+        and query.device == key.device == value.device and query.dtype in _DTYPES
+    n, batch, heads, e = (query.shape[2], query.shape[0], query.shape[1], query.shape[3]) if ok else (-1,) * 4
+    row = [n, batch, heads, e, value.shape[-1] if ok else -1, int(tokens_per_frame), int(causal),
+           _DTYPES.index(query.dtype) if ok else -1]
     _, rank = world_and_rank(group)
-    row = [n, key.shape[-2], value.shape[-2], int(ok)]
+    # A rank that refuses its own inputs still sends its row, so that every rank raises.
     table = ShardTable.of(group, row)
-    bad = [(r, row) for r, row in enumerate(table) if not row[3]]
-    if bad:
-        raise ValueError("halocp.cp_attention: query, key and value must hold the same positions of the sequence "
-                         "(dim -2) on each rank; " + "; ".join(f"rank {r}: query {q}, key {k}, value {v}"
-                                                              for r, (q, k, v, _) in bad))
-    lengths = [row[0] for row in table]
+    refused = [r for r, t in enumerate(table) if t[0] < 0]
+    if refused:
+        mine = f"; rank {rank}'s: query {tuple(query.shape)} {query.dtype}, key {tuple(key.shape)} {key.dtype}, " \
+               f"value {tuple(value.shape)} {value.dtype}" if rank in refused else ""
+        raise HaloError(_lib.ERR_INVALID_ARGUMENT,
+                        "halocp.cp_attention: query, key and value want (N, heads, L, E) with one (N, heads, L), "
+                        "one E for query and key, one floating dtype and device; not on rank(s) "
+                        f"{', '.join(map(str, refused))}{mine}")
+    found = disagreement(table, {i: name for i, name in enumerate(_ROW) if i})
+    partial = [f"rank {r}: {t[0]} positions" for r, t in enumerate(table) if t[5] <= 0 or t[0] % max(t[5], 1)]
+    if found or partial:
+        what = f"the ranks disagree ({found})" if found else \
+            f"a shard that is not whole frames of {tokens_per_frame} tokens ({'; '.join(partial)})"
+        raise HaloError(_lib.ERR_MISMATCH, f"halocp.cp_attention: {what}")
+    lengths = [t[0] for t in table]
     offset, total = sum(lengths[:rank]), sum(lengths)
     before = total - lengths[-1]                # the last rank's offset, the longest left halo
     after = 0 if causal else total - lengths[0]  # the first rank's tail, the longest right one
 
-    e = key.shape[-1]
-    kv = cp_halo_exchange(torch.cat([key, value], dim=-1), before, after, key.dim() - 2, group)
+    kv = cp_halo_exchange(torch.cat([key, value], dim=-1), before, after, 2, group)
     key, value = kv[..., :e], kv[..., e:]
 
     at_key = torch.arange(offset - before, offset + n + after, device=query.device)
     mask = ((at_key >= 0) & (at_key < total))[None, :]
     if causal:
-        mask = mask & (at_key[None, :] <= torch.arange(offset, offset + n, device=query.device)[:, None])
+        f = tokens_per_frame
+        mask = mask & (at_key[None, :].div(f, rounding_mode="floor") <=
+                       torch.arange(offset, offset + n, device=query.device)[:, None] // f)
     return F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scale)

@@ -23,7 +23,8 @@ sys.path.insert(0, str(REPO / "python"))
 import halocp.diffusers as hd  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
-SCENARIOS = ["ltx", "ltx_shipped", "ltx095", "cogvideox", "reduced", "mochi", "mochi_shipped", "mochi_errors"]
+SCENARIOS = ["ltx", "ltx_shipped", "ltx095", "cogvideox", "reduced", "mochi", "mochi_shipped", "mochi_errors",
+             "hunyuan_video", "hunyuan_video_bad_split", "hunyuan_video15"]
 
 
 @pytest.fixture(scope="module", params=[1, 2, 3, 4], ids=lambda w: f"W{w}")
@@ -99,3 +100,24 @@ def test_mochi_refuses_framewise_padding():
     with pytest.raises(NotImplementedError, match="framewise encoding or decoding"):
         hd.parallelize_vae(vae)
     assert not hasattr(vae, "_halocp_group") and vae.use_framewise_decoding
+
+
+def test_hunyuan_video_deepcopy():
+    """A deepcopy of a parallelized HunyuanVideo runs its own modules: the
+    frame check and the blocks' forwards are bound to the copy."""
+    import copy
+
+    from diffusers import AutoencoderKLHunyuanVideo
+
+    vae = hd.parallelize_vae(AutoencoderKLHunyuanVideo(
+        latent_channels=4, block_out_channels=(4, 8, 8), layers_per_block=1, norm_num_groups=2,
+        down_block_types=("HunyuanVideoDownBlock3D",) * 3, up_block_types=("HunyuanVideoUpBlock3D",) * 3,
+        spatial_compression_ratio=4).double())
+    twin = copy.deepcopy(vae)
+    assert twin._encode.__self__ is twin and twin._decode.__self__ is twin
+    assert twin.encoder.mid_block.forward.__self__ is twin.encoder.mid_block
+    x = torch.randn(1, 3, 5, 8, 8, dtype=torch.float64)
+    with torch.no_grad():
+        assert torch.equal(twin.encode(x).latent_dist.mode(), vae.encode(x).latent_dist.mode())
+    with pytest.raises(ValueError, match="rank 0 holds 4 frames"):
+        twin.encode(x[:, :, :4])

@@ -296,6 +296,7 @@ def scenario_reduced():
     check_reduced(ltx(**LTX090), (8, 8), BF16_TOL, autocast=True)
     check_reduced(_cogvideox, (8, 8), BF16_TOL, splits=EVEN_GROUPS, whole_clip=one_frame_batch, autocast=True)
 
+
 def mochi(**config):
     from diffusers import AutoencoderKLMochi
 
@@ -405,6 +406,87 @@ def scenario_mochi_errors():
         expect("leave tiling off" in str(e), str(e))
     else:
         raise ranks.Failure("decode tiled a parallelized Mochi")
+
+def hunyuan_video(**config):
+    from diffusers import AutoencoderKLHunyuanVideo
+
+    return lambda: AutoencoderKLHunyuanVideo(
+        in_channels=3, out_channels=3, latent_channels=4, block_out_channels=(4, 8, 8), layers_per_block=1,
+        down_block_types=("HunyuanVideoDownBlock3D",) * 3, up_block_types=("HunyuanVideoUpBlock3D",) * 3,
+        norm_num_groups=2, spatial_compression_ratio=4, temporal_compression_ratio=4, **config)
+
+
+def scenario_hunyuan_video():
+    """HunyuanVideo: causal convs with replicate padding in time and space,
+    strided causal down-sampling, up-sampling of every frame but the clip's
+    first in time, GroupNorm over time, and the mid-blocks' attention over
+    every (frame, h, w) token, causal by frame, on
+    halocp.cp_attention (causal by frame). Against the model as shipped: its
+    temporal tiling starts past 16 frames (4 latent frames), beyond these
+    clips, so the shipped call is the whole-sequence one; once more with
+    activation checkpointing; then a clip past the tiling (no_framewise)."""
+    check(hunyuan_video(), (8, 8), splits=SHORT_GROUPS)
+    check(hunyuan_video(), (8, 8), splits={w: g[:1] for w, g in SHORT_GROUPS.items()}, checkpointing=True)
+    check(hunyuan_video(), (8, 8), splits=LONG_GROUPS, whole_clip=no_framewise)
+
+
+# At most 16 frames (4 latent frames), within HunyuanVideo's tiling
+# threshold: GROUPS, but for 4 ranks (17 frames there) 13 frames as uneven.
+SHORT_GROUPS = {**GROUPS, 4: [[1, 0, 1, 1], [0, 1, 1, 1]]}
+# 21 frames (6 latent frames): past HunyuanVideo's temporal tiling threshold.
+LONG_GROUPS = {1: [[5]], 2: [[1, 4]], 3: [[3, 0, 2]], 4: [[2, 1, 0, 2]]}
+
+
+def no_framewise(vae):
+    """HunyuanVideo as shipped encodes a clip of more than 16 frames (decodes
+    more than 4 latent frames) in overlapping temporal tiles, 17 frames (5
+    latent frames) each, every 12 (3), blended linearly where they overlap:
+    each tile's GroupNorm statistics and attention see that tile alone, so
+    the result is not the whole-sequence computation. The reference is the
+    model in one call over the whole clip (use_framewise_* off), as the
+    sharded model computes it."""
+    vae.use_framewise_encoding = vae.use_framewise_decoding = False
+
+
+def scenario_hunyuan_video_bad_split():
+    """A shard the split does not allow (here the last rank's, one frame
+    too many) is refused on every rank alike, naming the rank and its
+    length, in encode and in decode (rank 0 without a latent frame); by
+    HunyuanVideo 1.5 too."""
+    import pytest
+
+    vae = hd.parallelize_vae(hunyuan_video(mid_block_add_attention=False)().double())
+    last = ranks.WORLD - 1
+    frames = (1 if ranks.RANK == 0 else 4) + (ranks.RANK == last)
+    wrong = (1 if last == 0 else 4) + 1
+    with pytest.raises(ValueError, match=f"rank {last} holds {wrong} frames: the split wants rank 0 holds 1 "):
+        vae.encode(torch.zeros(1, 3, frames, 8, 8, dtype=torch.float64))
+    latents = 0 if ranks.RANK == 0 else 1
+    with pytest.raises(ValueError, match="rank 0 holds 0 latent frames"):
+        vae.decode(torch.zeros(1, 4, latents, 2, 2, dtype=torch.float64))
+    from diffusers import AutoencoderKLHunyuanVideo15
+
+    vae = hd.parallelize_vae(AutoencoderKLHunyuanVideo15(latent_channels=4, block_out_channels=(8, 16, 16),
+                                                         layers_per_block=1, spatial_compression_ratio=4).double())
+    with pytest.raises(ValueError, match=f"AutoencoderKLHunyuanVideo15's rank {last} holds {wrong} frames"):
+        vae.encode(torch.zeros(1, 3, frames, 8, 8, dtype=torch.float64))
+
+
+def scenario_hunyuan_video15():
+    """HunyuanVideo 1.5: the same causal convs, space-to-depth down-sampling
+    and depth-to-space up-sampling that fold the clip's first frame in space
+    only, per-frame RMS norms, the mid-blocks' causal frame attention; and
+    with activation checkpointing. It has no temporal tiling: against the
+    model as shipped."""
+    from diffusers import AutoencoderKLHunyuanVideo15
+
+    def build():
+        return AutoencoderKLHunyuanVideo15(in_channels=3, out_channels=3, latent_channels=4,
+                                           block_out_channels=(8, 16, 16), layers_per_block=1,
+                                           spatial_compression_ratio=4, temporal_compression_ratio=4)
+
+    check(build, (8, 8))
+    check(build, (8, 8), splits={w: g[:1] for w, g in GROUPS.items()}, checkpointing=True)
 
 
 if __name__ == "__main__":

@@ -25,14 +25,14 @@ halocp needs none of it.
 from __future__ import annotations
 
 from . import _convert as cv
-from . import cogvideox, ltx, mochi
+from . import cogvideox, hunyuan_video, ltx, mochi
 from .split import ClipSplit, Shard, gather_clip, shard_clip, split_clip, temporal_compression
 
 __all__ = ["parallelize_vae", "supported_classes", "temporal_compression", "split_clip", "ClipSplit", "Shard",
            "shard_clip", "gather_clip"]
 
 # The families, in the order supported_classes lists them.
-_FAMILIES = (ltx, cogvideox, mochi)
+_FAMILIES = (ltx, cogvideox, mochi, hunyuan_video)
 
 
 def _table(name):
