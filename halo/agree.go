@@ -32,18 +32,21 @@ type record struct {
 	shape       [MaxDims]int64
 	memory      MemoryType // at byte 112, zero (host) in records of halo 0.2
 	cannotMove  bool       // at byte 116: this rank's transport cannot move memory
-	call        int32      // at byte 120: what the rank was doing (callCreate, ...)
+	during      occasion   // at byte 120: what the rank was doing
 }
 
-// What a rank was doing when it agreed: the direction, not the form (ranks
-// may run padded and halos-only calls of one layout together).
+// occasion is what a rank was doing when it agreed: the direction, not the
+// form (ranks may run padded and halos-only calls of one layout together).
+// Its values are the wire's, not those of the exported Call.
+type occasion int32
+
 const (
-	callCreate   = 0
-	callForward  = 1
-	callBackward = 2
+	duringCreate   occasion = 0
+	duringForward  occasion = 1
+	duringBackward occasion = 2
 )
 
-var callNames = map[int32]string{callCreate: "creating the plan", callForward: "forward", callBackward: "backward"}
+var occasionNames = map[occasion]string{duringCreate: "creating the plan", duringForward: "forward", duringBackward: "backward"}
 
 func (p *Plan) record(k int) record {
 	s := &p.specs[k]
@@ -74,7 +77,7 @@ func (r *record) encode(b []byte) {
 	if r.cannotMove {
 		b[116] = 1
 	}
-	le.PutUint32(b[120:], uint32(r.call))
+	le.PutUint32(b[120:], uint32(r.during))
 }
 
 func decodeRecord(b []byte) (record, error) {
@@ -91,7 +94,7 @@ func decodeRecord(b []byte) (record, error) {
 	}
 	r.memory = MemoryType(le.Uint32(b[112:]))
 	r.cannotMove = b[116] != 0
-	r.call = int32(le.Uint32(b[120:]))
+	r.during = occasion(le.Uint32(b[120:]))
 	if r.ndim < 1 || r.ndim > MaxDims || r.dim < 0 || r.dim >= r.ndim || r.layouts < 1 || r.layouts > MaxLayouts {
 		return record{}, fmt.Errorf("corrupt plan record (ndim %d, dim %d, layouts %d)", r.ndim, r.dim, r.layouts)
 	}
@@ -121,14 +124,13 @@ type agreement struct {
 	moves   int                   // rounds completed, for Group.block's deadline
 }
 
-// startAgreement posts the records of call seq (call says what the rank
-// is doing).
-func (p *Plan) startAgreement(seq uint64, call int32, verify func(*instance) error) (*agreement, error) {
+// startAgreement posts the records of call seq, made during it.
+func (p *Plan) startAgreement(seq uint64, during occasion, verify func(*instance) error) (*agreement, error) {
 	const msg = MaxLayouts * recordSize
 	mine := make([]byte, msg)
 	for k := range p.specs {
 		r := p.record(k)
-		r.call = call
+		r.during = during
 		r.encode(mine[k*recordSize:])
 	}
 	a := &agreement{p: p, seq: seq, verify: verify}
@@ -284,8 +286,8 @@ func (a *agreement) decide(got [][]byte) error {
 
 // agree runs the agreement of call seq to its end, blocking (a plan's
 // creation).
-func (p *Plan) agree(seq uint64, call int32, verify func(*instance) error) (*instance, error) {
-	a, err := p.startAgreement(seq, call, verify)
+func (p *Plan) agree(seq uint64, during occasion, verify func(*instance) error) (*instance, error) {
+	a, err := p.startAgreement(seq, during, verify)
 	if err != nil {
 		return nil, err
 	}
@@ -508,7 +510,7 @@ func disagreement(recs [][]record) string {
 		}
 		parts = append(parts, name+": "+strings.Join(vs, ", "))
 	}
-	field("call", func(rs []record) string { return callNames[rs[0].call] })
+	field("call", func(rs []record) string { return occasionNames[rs[0].during] })
 	field("number of layouts", func(rs []record) string { return fmt.Sprint(len(rs)) })
 	if len(parts) > 0 {
 		return strings.Join(parts, "; ")

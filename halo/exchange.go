@@ -254,12 +254,12 @@ func (p *Plan) progress(dc *dirCall) (ready bool, err error) {
 			if dc.agreed {
 				return false, p.failed(dc, fmt.Errorf("%w: peers still run another instance after agreeing", ErrInternal))
 			}
-			call := int32(callForward)
+			during := duringForward
 			if dc.d == DirBackward {
-				call = callBackward
+				during = duringBackward
 			}
 			dc.agreed = true
-			if dc.ag, err = p.startAgreement(dc.seq, call, func(in *instance) error { return in.check(in.sched(dc.d), dc.ptrs) }); err != nil {
+			if dc.ag, err = p.startAgreement(dc.seq, during, func(in *instance) error { return in.check(in.sched(dc.d), dc.ptrs) }); err != nil {
 				return false, p.ended(dc, err)
 			}
 			dc.moves++

@@ -20,8 +20,8 @@ const (
 )
 
 // String is the mode as torch spells padding_mode.
-func (p Padding) String() string {
-	switch p {
+func (m Padding) String() string {
+	switch m {
 	case PadZeros:
 		return "zeros"
 	case PadReplicate:
@@ -31,7 +31,7 @@ func (p Padding) String() string {
 	case PadCircular:
 		return "circular"
 	}
-	return fmt.Sprintf("padding(%d)", int32(p))
+	return fmt.Sprintf("padding(%d)", int32(m))
 }
 
 // The padding modes other than zeros fill the halo slots outside the global

@@ -65,7 +65,7 @@ func (g *Group) NewMultiPlan(specs []Spec) (*Plan, error) {
 	if err != nil {
 		return nil, err
 	}
-	if _, err := p.agree(g.nextSeq(), callCreate, nil); err != nil {
+	if _, err := p.agree(g.nextSeq(), duringCreate, nil); err != nil {
 		p.Close()
 		return nil, err
 	}
