@@ -259,7 +259,7 @@ func (p *Plan) progress(dc *dirCall) (ready bool, err error) {
 				during = duringBackward
 			}
 			dc.agreed = true
-			if dc.ag, err = p.startAgreement(dc.seq, during, func(in *instance) error { return in.check(in.sched(dc.d), dc.ptrs) }); err != nil {
+			if dc.ag, err = newAgreement(p, dc.seq, during, func(in *instance) error { return in.check(in.sched(dc.d), dc.ptrs) }); err != nil {
 				return false, p.ended(dc, err)
 			}
 			dc.moves++

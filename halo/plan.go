@@ -65,7 +65,11 @@ func (g *Group) NewMultiPlan(specs []Spec) (*Plan, error) {
 	if err != nil {
 		return nil, err
 	}
-	if _, err := p.agree(g.nextSeq(), duringCreate, nil); err != nil {
+	a, err := newAgreement(p, g.nextSeq(), duringCreate, nil)
+	if err == nil {
+		_, err = a.run()
+	}
+	if err != nil {
 		p.Close()
 		return nil, err
 	}
