@@ -34,17 +34,6 @@ type Plan struct {
 // memory and prepared transport operations.
 const keptInstances = 4
 
-// instance is a plan's layout as agreed by every rank, with both
-// directions' prepared work.
-type instance struct {
-	g        *Group
-	id       uint32 // its plan's, for messages
-	ident    uint64 // what its messages carry (Group.identOf of the agreement)
-	specs    []Spec
-	parts    []partition // one per layout, as agreed
-	fwd, bwd schedule
-}
-
 // MaxLayouts is how many layouts one plan may exchange together.
 const MaxLayouts = 16
 
@@ -203,33 +192,6 @@ func (p *Plan) Close() error {
 	}
 	p.kept, p.cur = nil, nil
 	return first
-}
-
-// close releases an instance's transport resources (no exchange in flight).
-func (in *instance) close() error {
-	var first error
-	for _, s := range []*schedule{&in.fwd, &in.bwd} {
-		if s.batch != nil {
-			if err := s.batch.Close(); err != nil && first == nil {
-				first = err
-			}
-			s.batch = nil
-		}
-		for _, b := range s.staging {
-			if err := b.Free(); err != nil && first == nil {
-				first = err
-			}
-		}
-		s.staging = nil
-	}
-	return first
-}
-
-func (in *instance) sched(d Direction) *schedule {
-	if d == DirBackward {
-		return &in.bwd
-	}
-	return &in.fwd
 }
 
 // Rank is the rank of the plan's group this plan runs on.
