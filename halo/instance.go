@@ -13,6 +13,7 @@ type instance struct {
 	ident    uint64 // what its messages carry (Group.identOf of the agreement)
 	specs    []Spec
 	parts    []partition // one per layout, as agreed
+	exec     executor    // of the layouts' memory, for the local work
 	fwd, bwd schedule
 }
 
@@ -67,7 +68,7 @@ func (in *instance) startWith(s *schedule, ptrs []unsafe.Pointer, seq uint64) er
 	for i := 0; i < s.fixed; i++ {
 		s.ptrs[i], s.bases[i] = ptrs[i], uintptr(ptrs[i])
 	}
-	x := in.g.exec
+	x := in.exec
 	for i := range s.pack {
 		l := &s.pack[i]
 		x.copy(&l.w, l.elem, s.ptrs[l.dst], s.ptrs[l.src])
@@ -101,7 +102,7 @@ func (in *instance) startWith(s *schedule, ptrs []unsafe.Pointer, seq uint64) er
 
 // complete unpacks and adds what arrived, in the order of the output.
 func (in *instance) complete(s *schedule) {
-	x := in.g.exec
+	x := in.exec
 	for i := range s.unpack {
 		l := &s.unpack[i]
 		x.copy(&l.w, l.elem, s.ptrs[l.dst], s.ptrs[l.src])

@@ -114,7 +114,7 @@ func (g *Group) newPlan(specs []Spec) (*Plan, error) {
 // newInstance builds the instance of the agreed lengths (per layout, per
 // rank). It is local: its errors are made common by agree.
 func (p *Plan) newInstance(ident uint64, lengths [][]int64) (*instance, error) {
-	in := &instance{g: p.g, id: p.id, ident: ident, specs: p.specs}
+	in := &instance{g: p.g, id: p.id, ident: ident, specs: p.specs, exec: newExecutor(p.specs[0].Memory, &p.g.opts)}
 	for k, l := range lengths {
 		in.parts = append(in.parts, newPartition(l))
 		if err := in.parts[k].checkPadding(&in.specs[k]); err != nil {

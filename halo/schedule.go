@@ -248,14 +248,11 @@ func (l layoutPlan) build(fops, bops *opList) error {
 		}
 		fops.add(op)
 	}
-	bytesOnly := s.Memory != MemoryHost
-	if bytesOnly {
-		if err := l.sentOnce(); err != nil {
-			return err
-		}
+	if err := l.inst.exec.admit(l.part, L, R); err != nil {
+		return fmt.Errorf("%w: rank %d: plan %d: %v", ErrInvalid, me, l.inst.id, err)
 	}
 	for side, r := range [][2]int64{{0, padL}, {L + n + R - padR, L + n + R}} {
-		if r[0] < r[1] && s.Padding == PadZeros && !bytesOnly {
+		if r[0] < r[1] && s.Padding == PadZeros {
 			f.zero = append(f.zero, l.oneOperand(fside[side], r[0], r[1]))
 		}
 	}
@@ -270,8 +267,7 @@ func (l layoutPlan) build(fops, bops *opList) error {
 	// other additions (it only turns -0 into +0 and quiets NaNs), so that
 	// pass runs while the wire works.
 	W := l.inst.g.Size()
-	// Bytes only: the caller adds what arrives, +0 included.
-	zeros := s.Padding == PadZeros && !bytesOnly
+	zeros := s.Padding == PadZeros
 	if zeros && me == W-1 && L > 0 && n > 0 {
 		b.addZero = append(b.addZero, l.oneOperand(gxr, L+n-min(L, n), L+n))
 	}
@@ -333,63 +329,16 @@ func (l layoutPlan) twoOperands(dst, src region, lo, hi int64, layout int) local
 		elem: l.elem, dt: l.spec.DType, layout: layout}
 }
 
-// inPlace decides whether a slab goes on the wire from/to the caller's
-// memory (contiguous or IOV) rather than through a staging buffer.
-func (l layoutPlan) inPlace(w *walk) bool {
-	runs := w.runs()
-	if runs <= 1 {
-		return true
+// inPlace says whether a slab goes on the wire straight from or into the
+// caller's memory rather than through a staging buffer: the executor's
+// choice, since staging is its work; accumulate: what arrives is added.
+func (l layoutPlan) inPlace(w *walk, accumulate bool) (bool, error) {
+	in, err := l.inst.exec.inPlace(w, l.elem, accumulate)
+	if err != nil {
+		return in, fmt.Errorf("%w: rank %d: plan %d: %v: make the tensors' strides keep dim %d's slices in fewer pieces (e.g. dim outermost)",
+			ErrInvalid, l.inst.g.Rank(), l.inst.id, err, l.spec.Dim)
 	}
-	o := &l.inst.g.opts
-	switch o.Transfer {
-	case TransferPack:
-		return false
-	case TransferIOV:
-		return runs <= 1<<16
-	}
-	return runs <= int64(o.IOVMaxSegments) && w.run*int64(l.elem) >= o.IOVMinSegment
-}
-
-// direct says whether a slab goes on the wire straight from or into the
-// caller's memory. Memory the CPU must not touch always does (bytesOnly);
-// then a slab of more runs than an I/O vector takes is an error.
-func (l layoutPlan) direct(w *walk) (bool, error) {
-	if l.spec.Memory == MemoryHost {
-		return l.inPlace(w), nil
-	}
-	if runs := w.runs(); runs > maxDirectSegments {
-		return true, fmt.Errorf("%w: rank %d: plan %d: a slab of %v memory is %d separate runs of memory (at most %d): make the tensors' strides keep dim %d's slices in fewer pieces (e.g. dim outermost)",
-			ErrInvalid, l.inst.g.Rank(), l.inst.id, l.spec.Memory, runs, maxDirectSegments, l.spec.Dim)
-	}
-	return true, nil
-}
-
-// maxDirectSegments caps the I/O vector of a slab that cannot be packed.
-const maxDirectSegments = 1 << 16
-
-// sentOnce checks, for a bytes-only layout, that no slice of any shard goes
-// to two ranks: the backward writes each neighbour's gradient where it
-// belongs instead of adding it, so two of them must not meet on one slice.
-// Every rank checks every rank's messages, so all of them fail alike.
-func (l layoutPlan) sentOnce() error {
-	L, R := l.spec.Left, l.spec.Right
-	for q, n := range l.part.n {
-		if min(L, n)+min(R, n) > n {
-			// The caller's additions of the two sides would meet.
-			return fmt.Errorf("%w: rank %d: plan %d: rank %d's shard of %d slices is shorter than its halos (%d + %d): a plan over %v memory needs left + right no longer than any shard; stage such layouts through a host plan",
-				ErrInvalid, l.inst.g.Rank(), l.inst.id, q, n, L, R, l.spec.Memory)
-		}
-		out := l.part.outgoing(q, L, R)
-		for i, a := range out {
-			for _, b := range out[i+1:] {
-				if max(a.lo, b.lo) < min(a.hi, b.hi) {
-					return fmt.Errorf("%w: rank %d: plan %d: rank %d's slices [%d, %d) of the global sequence go to both rank %d and rank %d: a plan over %v memory needs every slice sent at most once (halos no longer than the shards, left + right no longer than a shard); stage such layouts through a host plan",
-						ErrInvalid, l.inst.g.Rank(), l.inst.id, q, max(a.lo, b.lo), min(a.hi, b.hi), a.dst, b.dst, l.spec.Memory)
-				}
-			}
-		}
-	}
-	return nil
+	return in, nil
 }
 
 // stage adds a staging buffer of bytes to s and returns its base.
@@ -409,8 +358,12 @@ func (l layoutPlan) sendOp(s *schedule, r region, lo, hi int64, peer int, tag ui
 	if w.runs() == 0 {
 		return nil, nil // empty tensor: both sides skip the message
 	}
-	if direct, err := l.direct(&w); err != nil || direct {
-		return &transport.Op{Peer: peer, Tag: tag, Send: true, Segs: w.segments(l.elem, r.base), Memory: l.spec.Memory}, err
+	inPlace, err := l.inPlace(&w, false)
+	if err != nil {
+		return nil, err
+	}
+	if inPlace {
+		return &transport.Op{Peer: peer, Tag: tag, Send: true, Segs: w.segments(l.elem, r.base), Memory: l.spec.Memory}, nil
 	}
 	bytes := w.runs() * w.run * int64(l.elem)
 	base, err := l.stage(s, bytes)
@@ -431,12 +384,12 @@ func (l layoutPlan) recvOp(s *schedule, r region, lo, hi int64, peer int, tag ui
 	if w.runs() == 0 {
 		return nil, nil
 	}
-	if l.spec.Memory != MemoryHost { // bytes only: written where they belong, added by the caller
-		_, err := l.direct(&w)
-		return &transport.Op{Peer: peer, Tag: tag, Segs: w.segments(l.elem, r.base), Memory: l.spec.Memory}, err
+	inPlace, err := l.inPlace(&w, accumulate)
+	if err != nil {
+		return nil, err
 	}
-	if !accumulate && l.inPlace(&w) {
-		return &transport.Op{Peer: peer, Tag: tag, Segs: w.segments(l.elem, r.base)}, nil
+	if inPlace {
+		return &transport.Op{Peer: peer, Tag: tag, Segs: w.segments(l.elem, r.base), Memory: l.spec.Memory}, nil
 	}
 	bytes := w.runs() * w.run * int64(l.elem)
 	base, err := l.stage(s, bytes)
