@@ -4,11 +4,11 @@ import "unsafe"
 
 // executor does a plan's local work: the copies, fills and additions between
 // the caller's tensors and the staging buffers, each over a walk. The
-// exchange only orders that work around the wire (exchange.go); where it runs
-// is the executor's business, so memory that the CPU must not touch (a GPU's)
-// needs another executor (bytesOnly), not another exchange. Staging is local
-// work too: while a plan is built, its executor says which slabs it stages
-// and which layouts it can run at all.
+// exchange only orders that work around the wire (instance.startWith and
+// complete); where it runs is the executor's business, so memory that the
+// CPU must not touch (a GPU's) needs another executor (bytesOnly), not
+// another exchange. Staging is local work too: while a plan is built, its
+// executor says which slabs it stages and which layouts it can run at all.
 type executor interface {
 	// admit refuses a layout, given its agreed partition and halos, that
 	// the executor cannot run; the error says why, for the plan's message.

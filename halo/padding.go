@@ -271,7 +271,7 @@ func (l layoutPlan) buildPadding(fside, bside [2]region, xr, gxr region, fops, b
 		return nil // slices of no elements: nothing to move or add
 	}
 	f, b := &l.inst.fwd, &l.inst.bwd
-	ftag, btag := l.inst.g.tag(l.inst.ident, phaseForward), l.inst.g.tag(l.inst.ident, phaseBackward)
+	ftag, btag := l.tags()
 	pos := func(g int64) int64 { return g - off + L } // this rank's padded slice of global slice g
 	side := func(g int64) int {
 		if g < off {

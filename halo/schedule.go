@@ -196,7 +196,7 @@ func (l layoutPlan) build(fops, bops *opList) error {
 	in := l.part.incoming(me, L, R)
 	out := l.part.outgoing(me, L, R)
 	padL, padR := l.part.padding(me, L, R)
-	ftag, btag := l.inst.g.tag(l.inst.ident, phaseForward), l.inst.g.tag(l.inst.ident, phaseBackward)
+	ftag, btag := l.tags()
 	f, b := &l.inst.fwd, &l.inst.bwd
 	K := len(l.inst.specs)
 
@@ -296,6 +296,12 @@ func (l layoutPlan) build(fops, bops *opList) error {
 		return nil
 	}
 	return l.buildPadding(fside, bside, xr, gxr, fops, bops)
+}
+
+// tags are the instance's message tags, forward and backward.
+func (l layoutPlan) tags() (fwd, bwd uint64) {
+	g, id := l.inst.g, l.inst.ident
+	return g.tag(id, phaseForward), g.tag(id, phaseBackward)
 }
 
 // aliasOffset is the byte offset at which the unpadded tensor is the padded
