@@ -32,24 +32,28 @@ type record struct {
 	shape       [MaxDims]int64
 	memory      MemoryType // at byte 112, zero (host) in records of halo 0.2
 	cannotMove  bool       // at byte 116: this rank's transport cannot move memory
-	call        int32      // at byte 120: what the rank was doing (callCreate, ...)
+	during      occasion   // at byte 120: what the rank was doing
 }
 
-// What a rank was doing when it agreed: the direction, not the form (ranks
-// may run padded and halos-only calls of one layout together).
+// occasion is what a rank was doing when it agreed: the direction, not the
+// form (ranks may run padded and halos-only calls of one layout together).
+// Its values are the wire's, not those of the exported Call.
+type occasion int32
+
 const (
-	callCreate   = 0
-	callForward  = 1
-	callBackward = 2
+	duringCreate   occasion = 0
+	duringForward  occasion = 1
+	duringBackward occasion = 2
 )
 
-var callNames = map[int32]string{callCreate: "creating the plan", callForward: "forward", callBackward: "backward"}
+var occasionNames = map[occasion]string{duringCreate: "creating the plan", duringForward: "forward", duringBackward: "backward"}
 
-func (p *Plan) record(k int) record {
+// newRecord is the record of layout k of plan p.
+func newRecord(p *Plan, k int, during occasion) record {
 	s := &p.specs[k]
 	r := record{plan: p.id, layouts: int32(len(p.specs)), layout: int32(k), dtype: s.DType, ndim: int32(len(s.Shape)),
 		dim: int32(s.Dim), padding: s.Padding, left: s.Left, right: s.Right, memory: s.Memory,
-		cannotMove: !transport.Moves(p.g.t, s.Memory)}
+		cannotMove: !transport.Moves(p.g.t, s.Memory), during: during}
 	copy(r.shape[:], s.Shape)
 	return r
 }
@@ -74,7 +78,7 @@ func (r *record) encode(b []byte) {
 	if r.cannotMove {
 		b[116] = 1
 	}
-	le.PutUint32(b[120:], uint32(r.call))
+	le.PutUint32(b[120:], uint32(r.during))
 }
 
 func decodeRecord(b []byte) (record, error) {
@@ -91,7 +95,7 @@ func decodeRecord(b []byte) (record, error) {
 	}
 	r.memory = MemoryType(le.Uint32(b[112:]))
 	r.cannotMove = b[116] != 0
-	r.call = int32(le.Uint32(b[120:]))
+	r.during = occasion(le.Uint32(b[120:]))
 	if r.ndim < 1 || r.ndim > MaxDims || r.dim < 0 || r.dim >= r.ndim || r.layouts < 1 || r.layouts > MaxLayouts {
 		return record{}, fmt.Errorf("corrupt plan record (ndim %d, dim %d, layouts %d)", r.ndim, r.dim, r.layouts)
 	}
@@ -121,19 +125,17 @@ type agreement struct {
 	moves   int                   // rounds completed, for Group.block's deadline
 }
 
-// startAgreement posts the records of call seq (call says what the rank
-// is doing).
-func (p *Plan) startAgreement(seq uint64, call int32, verify func(*instance) error) (*agreement, error) {
+// newAgreement posts plan p's records of call seq, made during it.
+func newAgreement(p *Plan, seq uint64, during occasion, verify func(*instance) error) (*agreement, error) {
 	const msg = MaxLayouts * recordSize
 	mine := make([]byte, msg)
 	for k := range p.specs {
-		r := p.record(k)
-		r.call = call
+		r := newRecord(p, k, during)
 		r.encode(mine[k*recordSize:])
 	}
 	a := &agreement{p: p, seq: seq, verify: verify}
 	var err error
-	if a.r, err = p.g.postRound(seq, phaseSetup, mine); err != nil {
+	if a.r, err = newRound(p.g, seq, phaseSetup, mine); err != nil {
 		return nil, a.wireErr(err)
 	}
 	return a, nil
@@ -179,12 +181,12 @@ func (a *agreement) step() (in *instance, done bool, err error) {
 			return nil, true, err
 		}
 		a.outcome = true
-		if a.r, err = g.postRound(a.seq, phaseOutcome, outcomeMessage(a.local)); err != nil {
+		if a.r, err = newRound(g, a.seq, phaseOutcome, outcomeMessage(a.local)); err != nil {
 			return nil, true, a.wireErr(err)
 		}
 	}
 	a.r = nil
-	if err := g.outcomeOf(got, p.id); err != nil {
+	if err := a.outcomeOf(got); err != nil {
 		if a.made {
 			a.drop()
 		} else if a.in != nil && a.local == nil {
@@ -282,15 +284,10 @@ func (a *agreement) decide(got [][]byte) error {
 	return nil
 }
 
-// agree runs the agreement of call seq to its end, blocking (a plan's
-// creation).
-func (p *Plan) agree(seq uint64, call int32, verify func(*instance) error) (*instance, error) {
-	a, err := p.startAgreement(seq, call, verify)
-	if err != nil {
-		return nil, err
-	}
+// run takes the agreement to its end, blocking (a plan's creation).
+func (a *agreement) run() (*instance, error) {
 	var in *instance
-	err = p.g.block(nil, func() (bool, error) {
+	err := a.p.g.block(nil, func() (bool, error) {
 		var done bool
 		var err error
 		in, done, err = a.step()
@@ -315,7 +312,8 @@ type round struct {
 
 var errRoundClosed = fmt.Errorf("%w: an agreement's round was used after it failed", ErrInternal)
 
-func (g *Group) postRound(seq uint64, phase int, mine []byte) (*round, error) {
+// newRound posts mine to every other rank of g and the receives of theirs.
+func newRound(g *Group, seq uint64, phase int, mine []byte) (*round, error) {
 	W, me, n := g.Size(), g.Rank(), len(mine)
 	r := &round{g: g, mine: mine}
 	if W == 1 {
@@ -434,10 +432,10 @@ func outcomeMessage(local error) []byte {
 	return mine
 }
 
-// outcomeOf reads every rank's outcome message of plan id and returns the
-// same result on every rank: nil if all could, else the class of the first
-// rank that could not, naming every such rank and what the first said.
-func (g *Group) outcomeOf(got [][]byte, id uint32) error {
+// outcomeOf reads every rank's outcome message and returns the same result
+// on every rank: nil if all could, else the class of the first rank that
+// could not, naming every such rank and what the first said.
+func (a *agreement) outcomeOf(got [][]byte) error {
 	var failed []int
 	first := -1
 	for q, m := range got {
@@ -458,7 +456,7 @@ func (g *Group) outcomeOf(got [][]byte, id uint32) error {
 	}
 	why := strings.TrimRight(string(got[first][4:]), "\x00")
 	return Classify(class, fmt.Errorf("rank %d: plan %d: %s failed after the ranks agreed, so no rank went on (rank %d: %s)",
-		g.Rank(), id, rankList(failed), first, why))
+		a.p.g.Rank(), a.p.id, rankList(failed), first, why))
 }
 
 // agreementHash digests what makes an instance: every rank's layouts as
@@ -508,7 +506,7 @@ func disagreement(recs [][]record) string {
 		}
 		parts = append(parts, name+": "+strings.Join(vs, ", "))
 	}
-	field("call", func(rs []record) string { return callNames[rs[0].call] })
+	field("call", func(rs []record) string { return occasionNames[rs[0].during] })
 	field("number of layouts", func(rs []record) string { return fmt.Sprint(len(rs)) })
 	if len(parts) > 0 {
 		return strings.Join(parts, "; ")

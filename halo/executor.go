@@ -4,21 +4,65 @@ import "unsafe"
 
 // executor does a plan's local work: the copies, fills and additions between
 // the caller's tensors and the staging buffers, each over a walk. The
-// exchange only orders that work around the wire (exchange.go); where it runs
-// is the executor's business, so memory that the CPU must not touch (a GPU's)
-// needs another executor, not another exchange.
+// exchange only orders that work around the wire (instance.startWith and
+// complete); where it runs is the executor's business, so memory that the
+// CPU must not touch (a GPU's) needs another executor (bytesOnly), not
+// another exchange. Staging is local work too: while a plan is built, its
+// executor says which slabs it stages and which layouts it can run at all.
 type executor interface {
+	// admit refuses a layout, given its agreed partition and halos, that
+	// the executor cannot run; the error says why, for the plan's message.
+	admit(part partition, left, right int64) error
+	// inPlace says whether a slab (walk w of elem-byte elements) goes on
+	// the wire straight from or into the caller's memory rather than
+	// through a staging buffer; accumulate: a received slab is added to
+	// what is there.
+	inPlace(w *walk, elem int, accumulate bool) (bool, error)
+
 	copy(w *walk, elem int, dst, src unsafe.Pointer)
 	zero(w *walk, elem int, dst unsafe.Pointer)
 	add(w *walk, d DType, dst, src unsafe.Pointer)
 	addZero(w *walk, d DType, dst unsafe.Pointer)
 }
 
+// newExecutor is the executor of a plan over memory m.
+func newExecutor(m MemoryType, opts *GroupOptions) executor {
+	if m == MemoryHost {
+		return cpu{opts}
+	}
+	return bytesOnly{m}
+}
+
 // cpu runs the local work on the calling thread, with the vector kernels of
 // dtype.go and add_*.s. It takes a walk a row at a time (walk.rows): runs of
 // up to shortRun bytes are moved by a loop of loads and stores, longer ones
-// by one memmove each.
-type cpu struct{}
+// by one memmove each. It stages the slabs that its group's options
+// (opts.Transfer) say are cheaper packed than sent as an I/O vector.
+type cpu struct {
+	opts *GroupOptions
+}
+
+// admit takes every layout: the CPU adds what arrives from several ranks.
+func (c cpu) admit(partition, int64, int64) error { return nil }
+
+// inPlace stages what is added (it is added from staging after the wait),
+// and otherwise chooses by the slab's runs (bench/RESULTS.md).
+func (c cpu) inPlace(w *walk, elem int, accumulate bool) (bool, error) {
+	if accumulate {
+		return false, nil
+	}
+	runs := w.runs()
+	if runs <= 1 {
+		return true, nil
+	}
+	switch c.opts.Transfer {
+	case TransferPack:
+		return false, nil
+	case TransferIOV:
+		return runs <= 1<<16, nil
+	}
+	return runs <= int64(c.opts.IOVMaxSegments) && w.run*int64(elem) >= c.opts.IOVMinSegment, nil
+}
 
 // largeCopy is the size of a whole copy from which stores bypass the
 // cache: 8 MiB copies at 32-42 GB/s instead of 19-23 GB/s (go test -bench
@@ -31,7 +75,7 @@ const largeCopy = 4 << 20
 const shortRun = 64
 
 // copy copies a two-operand walk: operand 0 is the destination.
-func (cpu) copy(w *walk, elem int, dst, src unsafe.Pointer) {
+func (c cpu) copy(w *walk, elem int, dst, src unsafe.Pointer) {
 	size := int(w.run) * elem
 	large := w.runs()*int64(size) >= largeCopy
 	e := int64(elem)
@@ -116,7 +160,7 @@ func copyWords[T uint8 | uint16 | uint32 | uint64](d, s unsafe.Pointer, n, k int
 }
 
 // zero clears a one-operand walk.
-func (cpu) zero(w *walk, elem int, dst unsafe.Pointer) {
+func (c cpu) zero(w *walk, elem int, dst unsafe.Pointer) {
 	size := int(w.run) * elem
 	e := int64(elem)
 	w.rows(func(off []int64, n int64, step []int64) {
@@ -157,7 +201,7 @@ func zeroWords[T uint8 | uint16 | uint32 | uint64](d unsafe.Pointer, n, k int, d
 }
 
 // add adds operand 1 into operand 0, elementwise in dtype d.
-func (cpu) add(w *walk, d DType, dst, src unsafe.Pointer) {
+func (c cpu) add(w *walk, d DType, dst, src unsafe.Pointer) {
 	e := int64(d.Size())
 	w.rows(func(off []int64, n int64, step []int64) {
 		a, b := unsafe.Add(dst, off[0]*e), unsafe.Add(src, off[1]*e)
@@ -172,7 +216,7 @@ func (cpu) add(w *walk, d DType, dst, src unsafe.Pointer) {
 }
 
 // addZero adds +0 to a one-operand walk (see the function addZero).
-func (cpu) addZero(w *walk, d DType, dst unsafe.Pointer) {
+func (c cpu) addZero(w *walk, d DType, dst unsafe.Pointer) {
 	e := int64(d.Size())
 	w.rows(func(off []int64, n int64, step []int64) {
 		a := unsafe.Add(dst, off[0]*e)

@@ -45,7 +45,6 @@ const (
 // rank. A Group and its plans are used by one goroutine at a time.
 type Group struct {
 	t        transport.Transport
-	exec     executor
 	opts     GroupOptions
 	nextPlan uint32                // handle numbers, local to this rank (messages only)
 	seq      uint64                // the last collective call's number (see tag)
@@ -70,7 +69,7 @@ func NewGroup(t transport.Transport, opts GroupOptions) (*Group, error) {
 	if opts.IOVMaxSegments <= 0 {
 		opts.IOVMaxSegments = defaultIOVMaxSegments
 	}
-	return &Group{t: t, exec: cpu{}, opts: opts, nextPlan: 1}, nil
+	return &Group{t: t, opts: opts, nextPlan: 1}, nil
 }
 
 func (g *Group) Rank() int { return g.t.Rank() }

@@ -2,6 +2,7 @@ package halo_test
 
 import (
 	"errors"
+	"math"
 	"strings"
 	"testing"
 
@@ -175,6 +176,48 @@ func TestCUDAPlanMovesBytesOnly(t *testing.T) {
 			}
 			return untouched
 		})
+		return nil
+	})
+	for r, err := range errs {
+		if err != nil {
+			t.Errorf("rank %d: %v", r, err)
+		}
+	}
+}
+
+// TestCUDAPlanLeavesGradXToTheCaller: the slices of grad_x that no gradient
+// arrives for keep their bits, -0 included (the caller adds +0 where the
+// reference would; the CPU must not touch CUDA memory).
+func TestCUDAPlanLeavesGradXToTheCaller(t *testing.T) {
+	const n = 4
+	negZero := math.Float32frombits(1 << 31)
+	hub := halotest.NewMemHub(2)
+	hub.MovesCUDA(0, 1)
+	errs := halotest.Ranks(2, func(r int) error {
+		g, err := NewGroup(hub.Transport(r), GroupOptions{})
+		if err != nil {
+			return err
+		}
+		p, err := g.NewPlan(cudaSpec(1, n, 1, 1))
+		if err != nil {
+			return err
+		}
+		defer p.Close()
+		gl, gr, gx := []float32{1}, []float32{2}, make([]float32, n)
+		for i := range gx {
+			gx[i] = negZero
+		}
+		if err := p.HalosBackward(PtrOf(gl), PtrOf(gr), PtrOf(gx)); err != nil {
+			return err
+		}
+		for i, v := range gx {
+			if (r == 0 && i == n-1) || (r == 1 && i == 0) {
+				continue // a neighbour's gradient arrives here
+			}
+			if math.Float32bits(v) != 1<<31 {
+				t.Errorf("rank %d: grad_x[%d] = %v (bits %#x), want -0 untouched", r, i, v, math.Float32bits(v))
+			}
+		}
 		return nil
 	})
 	for r, err := range errs {

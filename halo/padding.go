@@ -20,8 +20,8 @@ const (
 )
 
 // String is the mode as torch spells padding_mode.
-func (p Padding) String() string {
-	switch p {
+func (m Padding) String() string {
+	switch m {
 	case PadZeros:
 		return "zeros"
 	case PadReplicate:
@@ -31,7 +31,7 @@ func (p Padding) String() string {
 	case PadCircular:
 		return "circular"
 	}
-	return fmt.Sprintf("padding(%d)", int32(p))
+	return fmt.Sprintf("padding(%d)", int32(m))
 }
 
 // The padding modes other than zeros fill the halo slots outside the global
@@ -205,9 +205,9 @@ func (l layoutPlan) sliceOp(dst, src slot, add bool) local {
 
 // stagedRegion allocates a staging buffer for k slices, a region whose
 // slice first is its first.
-func (p *instance) stagedRegion(s *schedule, l layoutPlan, k, first int64) (region, error) {
+func (l layoutPlan) stagedRegion(s *schedule, k, first int64) (region, error) {
 	bx := l.spec.haloShape(k)
-	base, err := p.stage(s, sliceElems(bx, l.spec.Dim)*k*int64(l.elem))
+	base, err := l.stage(s, sliceElems(bx, l.spec.Dim)*k*int64(l.elem))
 	return region{base, bx, ContiguousStrides(bx), first}, err
 }
 
@@ -264,14 +264,14 @@ type contribution struct {
 // in the forward, the copies and messages that fill this rank's slots and
 // those it is the source of; in the backward, the reverse messages and the
 // additions into grad_x, in torch's order.
-func (p *instance) buildPadding(l layoutPlan, fside, bside [2]region, xr, gxr region, fops, bops *opList) error {
-	s, me := l.spec, p.g.Rank()
+func (l layoutPlan) buildPadding(fside, bside [2]region, xr, gxr region, fops, bops *opList) error {
+	s, me := l.spec, l.inst.g.Rank()
 	L, n, off := s.Left, s.Shape[s.Dim], l.part.off[me]
 	if sliceElems(s.Shape, s.Dim) == 0 {
 		return nil // slices of no elements: nothing to move or add
 	}
-	f, b := &p.fwd, &p.bwd
-	ftag, btag := p.g.tag(p.ident, phaseForward), p.g.tag(p.ident, phaseBackward)
+	f, b := &l.inst.fwd, &l.inst.bwd
+	ftag, btag := l.tags()
 	pos := func(g int64) int64 { return g - off + L } // this rank's padded slice of global slice g
 	side := func(g int64) int {
 		if g < off {
@@ -283,7 +283,7 @@ func (p *instance) buildPadding(l layoutPlan, fside, bside [2]region, xr, gxr re
 	// bitwise with the other additions, so it runs while the wire works.
 	for _, z := range zeroSpans(s.Padding, L, s.Right, l.part.total) {
 		if lo, hi := max(z[0], off), min(z[1], off+n); lo < hi {
-			b.addZero = append(b.addZero, p.oneOperand(l, gxr, pos(lo), pos(hi)))
+			b.addZero = append(b.addZero, l.oneOperand(gxr, pos(lo), pos(hi)))
 		}
 	}
 	contrib := map[int64][]contribution{}
@@ -299,10 +299,10 @@ func (p *instance) buildPadding(l layoutPlan, fside, bside [2]region, xr, gxr re
 			var op *transport.Op
 			var err error
 			if pc.step == 1 {
-				op, err = p.recvOp(f, l, fside[side(pc.g)], pos(pc.g), pos(pc.g)+pc.k, pc.owner, ftag, false)
+				op, err = l.recvOp(f, fside[side(pc.g)], pos(pc.g), pos(pc.g)+pc.k, pc.owner, ftag, false)
 			} else {
 				var st region
-				if st, err = p.stagedRegion(f, l, hi-lo, lo); err == nil {
+				if st, err = l.stagedRegion(f, hi-lo, lo); err == nil {
 					f.unpack = append(f.unpack, l.stepped(fside[side(pc.g)], pos(pc.g), pc.k, st, pc.src, pc.step))
 					op = st.recv(pc.owner, ftag, l.elem)
 				}
@@ -311,18 +311,18 @@ func (p *instance) buildPadding(l layoutPlan, fside, bside [2]region, xr, gxr re
 				return err
 			}
 			fops.add(op)
-			op, err = p.sendOp(b, l, bside[side(pc.g)], pos(pc.g), pos(pc.g)+pc.k, pc.owner, btag)
+			op, err = l.sendOp(b, bside[side(pc.g)], pos(pc.g), pos(pc.g)+pc.k, pc.owner, btag)
 			if err != nil {
 				return err
 			}
 			bops.add(op)
 		case pc.owner == me: // our slices fill another rank's slots
-			op, err := p.sendOp(f, l, xr, pos(lo), pos(hi), pc.dst, ftag)
+			op, err := l.sendOp(f, xr, pos(lo), pos(hi), pc.dst, ftag)
 			if err != nil {
 				return err
 			}
 			fops.add(op)
-			st, err := p.stagedRegion(b, l, pc.k, pc.g)
+			st, err := l.stagedRegion(b, pc.k, pc.g)
 			if err != nil {
 				return err
 			}
@@ -332,7 +332,7 @@ func (p *instance) buildPadding(l layoutPlan, fside, bside [2]region, xr, gxr re
 			}
 		}
 	}
-	return p.combinePadding(l, contrib, gxr)
+	return l.combinePadding(contrib, gxr)
 }
 
 // combinePadding adds the padding slots' gradients into this rank's slices
@@ -347,15 +347,15 @@ func (p *instance) buildPadding(l layoutPlan, fside, bside [2]region, xr, gxr re
 //     gradient, then (when T = 1) each right slot;
 //   - reflect: the left slot, the slice's own gradient, the right slot;
 //   - circular: the slice's own gradient, the right slot, the left slot.
-func (p *instance) combinePadding(l layoutPlan, contrib map[int64][]contribution, gxr region) error {
-	s, me := l.spec, p.g.Rank()
+func (l layoutPlan) combinePadding(contrib map[int64][]contribution, gxr region) error {
+	s, me := l.spec, l.inst.g.Rank()
 	L, R, T := s.Left, s.Right, l.part.total
 	off, n := l.part.off[me], s.Shape[s.Dim]
-	b := &p.bwd
+	b := &l.inst.bwd
 	var scratch [2]*slot
 	tmp := func(i int) (slot, error) {
 		if scratch[i] == nil {
-			r, err := p.stagedRegion(b, l, 1, 0)
+			r, err := l.stagedRegion(b, 1, 0)
 			if err != nil {
 				return slot{}, err
 			}

@@ -34,17 +34,6 @@ type Plan struct {
 // memory and prepared transport operations.
 const keptInstances = 4
 
-// instance is a plan's layout as agreed by every rank, with both
-// directions' prepared work.
-type instance struct {
-	g        *Group
-	id       uint32 // its plan's, for messages
-	ident    uint64 // what its messages carry (Group.identOf of the agreement)
-	specs    []Spec
-	parts    []partition // one per layout, as agreed
-	fwd, bwd schedule
-}
-
 // MaxLayouts is how many layouts one plan may exchange together.
 const MaxLayouts = 16
 
@@ -65,7 +54,11 @@ func (g *Group) NewMultiPlan(specs []Spec) (*Plan, error) {
 	if err != nil {
 		return nil, err
 	}
-	if _, err := p.agree(g.nextSeq(), callCreate, nil); err != nil {
+	a, err := newAgreement(p, g.nextSeq(), duringCreate, nil)
+	if err == nil {
+		_, err = a.run()
+	}
+	if err != nil {
 		p.Close()
 		return nil, err
 	}
@@ -121,7 +114,7 @@ func (g *Group) newPlan(specs []Spec) (*Plan, error) {
 // newInstance builds the instance of the agreed lengths (per layout, per
 // rank). It is local: its errors are made common by agree.
 func (p *Plan) newInstance(ident uint64, lengths [][]int64) (*instance, error) {
-	in := &instance{g: p.g, id: p.id, ident: ident, specs: p.specs}
+	in := &instance{g: p.g, id: p.id, ident: ident, specs: p.specs, exec: newExecutor(p.specs[0].Memory, &p.g.opts)}
 	for k, l := range lengths {
 		in.parts = append(in.parts, newPartition(l))
 		if err := in.parts[k].checkPadding(&in.specs[k]); err != nil {
@@ -199,33 +192,6 @@ func (p *Plan) Close() error {
 	}
 	p.kept, p.cur = nil, nil
 	return first
-}
-
-// close releases an instance's transport resources (no exchange in flight).
-func (in *instance) close() error {
-	var first error
-	for _, s := range []*schedule{&in.fwd, &in.bwd} {
-		if s.batch != nil {
-			if err := s.batch.Close(); err != nil && first == nil {
-				first = err
-			}
-			s.batch = nil
-		}
-		for _, b := range s.staging {
-			if err := b.Free(); err != nil && first == nil {
-				first = err
-			}
-		}
-		s.staging = nil
-	}
-	return first
-}
-
-func (in *instance) sched(d Direction) *schedule {
-	if d == DirBackward {
-		return &in.bwd
-	}
-	return &in.fwd
 }
 
 // Rank is the rank of the plan's group this plan runs on.

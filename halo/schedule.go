@@ -82,37 +82,40 @@ type region struct {
 	first   int64 // the padded slice that is slice 0 of this tensor
 }
 
-// layoutPlan is what build needs of one layout.
+// layoutPlan is one layout of an instance as its schedules are built: its
+// work goes into the instance's two schedules, its fixed bases from base0.
 type layoutPlan struct {
-	k    int
-	spec *Spec
-	part partition
-	elem int
+	inst  *instance
+	k     int
+	base0 int
+	spec  *Spec
+	part  partition
+	elem  int
 }
 
 // build prepares both directions from the agreed partitions. Each layout
 // contributes its slabs; the slabs for one peer in one direction travel as
 // one message, in layout order on both sides.
-func (p *instance) build() error {
-	me := p.g.Rank()
-	f, b := &p.fwd, &p.bwd
+func (in *instance) build() error {
+	me := in.g.Rank()
+	f, b := &in.fwd, &in.bwd
 	f.what, b.what = "forward", "backward"
 	per := 2
-	if p.specs[0].HalosOnly {
+	if in.specs[0].HalosOnly {
 		per = 3
 	}
-	f.fixed, b.fixed = per*len(p.specs), per*len(p.specs)
+	f.fixed, b.fixed = per*len(in.specs), per*len(in.specs)
 	f.ext, b.ext = make([]int64, f.fixed), make([]int64, b.fixed)
 	var fops, bops opList
-	for k := range p.specs {
-		l := layoutPlan{k: k, spec: &p.specs[k], part: p.parts[k], elem: p.specs[k].DType.Size()}
-		if err := p.buildLayout(l, per*k, &fops, &bops); err != nil {
+	for k := range in.specs {
+		l := layoutPlan{inst: in, k: k, base0: per * k, spec: &in.specs[k], part: in.parts[k], elem: in.specs[k].DType.Size()}
+		if err := l.build(&fops, &bops); err != nil {
 			return err
 		}
 	}
 	f.nmsg, b.nmsg = len(fops.ops), len(bops.ops)
-	fops.dense(me, p.g.Size(), p.g.tag(p.ident, phaseForward))
-	bops.dense(me, p.g.Size(), p.g.tag(p.ident, phaseBackward))
+	fops.dense(me, in.g.Size(), in.g.tag(in.ident, phaseForward))
+	bops.dense(me, in.g.Size(), in.g.tag(in.ident, phaseBackward))
 	for _, sc := range []struct {
 		s   *schedule
 		ops []transport.Op
@@ -131,9 +134,9 @@ func (p *instance) build() error {
 			}
 		}
 		if len(sc.ops) > 0 {
-			batch, err := p.g.t.Prepare(sc.ops)
+			batch, err := in.g.t.Prepare(sc.ops)
 			if err != nil {
-				return fmt.Errorf("rank %d: preparing plan %d: %w", me, p.id, err)
+				return fmt.Errorf("rank %d: preparing plan %d: %w", me, in.id, err)
 			}
 			sc.s.batch = batch
 		}
@@ -185,18 +188,17 @@ func (l *opList) add(op *transport.Op) {
 	l.ops = append(l.ops, *op)
 }
 
-// buildLayout adds layout l's work to both schedules; its fixed bases start
-// at base0.
-func (p *instance) buildLayout(l layoutPlan, base0 int, fops, bops *opList) error {
-	s, me := l.spec, p.g.Rank()
+// build adds layout l's work to both schedules.
+func (l layoutPlan) build(fops, bops *opList) error {
+	s, me := l.spec, l.inst.g.Rank()
 	L, R, n := s.Left, s.Right, s.Shape[s.Dim]
 	off := l.part.off[me]
 	in := l.part.incoming(me, L, R)
 	out := l.part.outgoing(me, L, R)
 	padL, padR := l.part.padding(me, L, R)
-	ftag, btag := p.g.tag(p.ident, phaseForward), p.g.tag(p.ident, phaseBackward)
-	f, b := &p.fwd, &p.bwd
-	K := len(p.specs)
+	ftag, btag := l.tags()
+	f, b := &l.inst.fwd, &l.inst.bwd
+	K := len(l.inst.specs)
 
 	// Where the halo sides and the interior live, per direction.
 	var fside, bside [2]region
@@ -211,18 +213,18 @@ func (p *instance) buildLayout(l layoutPlan, base0 int, fops, bops *opList) erro
 		left, right := s.haloShape(L), s.haloShape(R)
 		f.names = append(f.names, name("x"), name("left"), name("right"))
 		b.names = append(b.names, name("grad_left"), name("grad_x"), name("grad_right"))
-		fside = [2]region{{base0 + 1, left, s.LeftStrides, 0}, {base0 + 2, right, s.RightStrides, L + n}}
-		bside = [2]region{{base0, left, s.GradLeftStrides, 0}, {base0 + 2, right, s.GradRightStrides, L + n}}
+		fside = [2]region{{l.base0 + 1, left, s.LeftStrides, 0}, {l.base0 + 2, right, s.RightStrides, L + n}}
+		bside = [2]region{{l.base0, left, s.GradLeftStrides, 0}, {l.base0 + 2, right, s.GradRightStrides, L + n}}
 	} else {
 		o := s.OutShape()
 		f.names = append(f.names, name("x"), name("out"))
 		b.names = append(b.names, name("grad_out"), name("grad_x"))
-		fmid, bmid = region{base0 + 1, o, s.OutStrides, 0}, region{base0, o, s.GradOutStrides, 0}
+		fmid, bmid = region{l.base0 + 1, o, s.OutStrides, 0}, region{l.base0, o, s.GradOutStrides, 0}
 		fside = [2]region{fmid, fmid}
 		bside = [2]region{bmid, bmid}
 	}
-	xr := region{base0, s.Shape, s.XStrides, L}
-	gxr := region{base0 + 1, s.Shape, s.GradXStrides, L}
+	xr := region{l.base0, s.Shape, s.XStrides, L}
+	gxr := region{l.base0 + 1, s.Shape, s.GradXStrides, L}
 	for _, r := range []region{xr, fside[0], fside[1]} {
 		f.ext[r.base], _ = extent(r.shape, r.strides, l.elem)
 	}
@@ -233,33 +235,30 @@ func (p *instance) buildLayout(l layoutPlan, base0 int, fops, bops *opList) erro
 	// Forward: receive the halos, send x's boundary slabs, zero the slices
 	// outside the sequence, copy the interior of a padded out.
 	for _, m := range in {
-		op, err := p.recvOp(f, l, fside[m.side], m.lo-off+L, m.hi-off+L, m.src, ftag, false)
+		op, err := l.recvOp(f, fside[m.side], m.lo-off+L, m.hi-off+L, m.src, ftag, false)
 		if err != nil {
 			return err
 		}
 		fops.add(op)
 	}
 	for _, m := range out {
-		op, err := p.sendOp(f, l, xr, m.lo-off+L, m.hi-off+L, m.dst, ftag)
+		op, err := l.sendOp(f, xr, m.lo-off+L, m.hi-off+L, m.dst, ftag)
 		if err != nil {
 			return err
 		}
 		fops.add(op)
 	}
-	bytesOnly := s.Memory != MemoryHost
-	if bytesOnly {
-		if err := p.sentOnce(l); err != nil {
-			return err
-		}
+	if err := l.inst.exec.admit(l.part, L, R); err != nil {
+		return fmt.Errorf("%w: rank %d: plan %d: %v", ErrInvalid, me, l.inst.id, err)
 	}
 	for side, r := range [][2]int64{{0, padL}, {L + n + R - padR, L + n + R}} {
-		if r[0] < r[1] && s.Padding == PadZeros && !bytesOnly {
-			f.zero = append(f.zero, p.oneOperand(l, fside[side], r[0], r[1]))
+		if r[0] < r[1] && s.Padding == PadZeros {
+			f.zero = append(f.zero, l.oneOperand(fside[side], r[0], r[1]))
 		}
 	}
 	if !s.HalosOnly {
-		f.copyIn = append(f.copyIn, p.twoOperands(l, fmid, xr, L, L+n, len(f.alias)))
-		f.alias = append(f.alias, alias{xr.base, fmid.base, p.aliasOffset(l, s.XStrides, s.OutStrides)})
+		f.copyIn = append(f.copyIn, l.twoOperands(fmid, xr, L, L+n, len(f.alias)))
+		f.alias = append(f.alias, alias{xr.base, fmid.base, l.aliasOffset(s.XStrides, s.OutStrides)})
 	}
 
 	// Backward: gradients of our slices come back from the ranks we sent
@@ -267,49 +266,47 @@ func (p *instance) buildLayout(l layoutPlan, base0 int, fops, bops *opList) erro
 	// the reference adds its zero tensor; x+0 commutes bitwise with the
 	// other additions (it only turns -0 into +0 and quiets NaNs), so that
 	// pass runs while the wire works.
-	W := p.g.Size()
-	// Bytes only: the caller adds what arrives, +0 included.
-	zeros := s.Padding == PadZeros && !bytesOnly
+	W := l.inst.g.Size()
+	zeros := s.Padding == PadZeros
 	if zeros && me == W-1 && L > 0 && n > 0 {
-		b.addZero = append(b.addZero, p.oneOperand(l, gxr, L+n-min(L, n), L+n))
+		b.addZero = append(b.addZero, l.oneOperand(gxr, L+n-min(L, n), L+n))
 	}
 	if zeros && me == 0 && R > 0 && n > 0 {
-		b.addZero = append(b.addZero, p.oneOperand(l, gxr, L, L+min(R, n)))
+		b.addZero = append(b.addZero, l.oneOperand(gxr, L, L+min(R, n)))
 	}
 	for _, m := range out {
-		op, err := p.recvOp(b, l, gxr, m.lo-off+L, m.hi-off+L, m.dst, btag, true)
+		op, err := l.recvOp(b, gxr, m.lo-off+L, m.hi-off+L, m.dst, btag, true)
 		if err != nil {
 			return err
 		}
 		bops.add(op)
 	}
 	for _, m := range in {
-		op, err := p.sendOp(b, l, bside[m.side], m.lo-off+L, m.hi-off+L, m.src, btag)
+		op, err := l.sendOp(b, bside[m.side], m.lo-off+L, m.hi-off+L, m.src, btag)
 		if err != nil {
 			return err
 		}
 		bops.add(op)
 	}
 	if !s.HalosOnly {
-		b.copyIn = append(b.copyIn, p.twoOperands(l, gxr, bmid, L, L+n, len(b.alias)))
-		b.alias = append(b.alias, alias{gxr.base, bmid.base, p.aliasOffset(l, s.GradXStrides, s.GradOutStrides)})
+		b.copyIn = append(b.copyIn, l.twoOperands(gxr, bmid, L, L+n, len(b.alias)))
+		b.alias = append(b.alias, alias{gxr.base, bmid.base, l.aliasOffset(s.GradXStrides, s.GradOutStrides)})
 	}
 	if zeros {
 		return nil
 	}
-	return p.buildPadding(l, fside, bside, xr, gxr, fops, bops)
+	return l.buildPadding(fside, bside, xr, gxr, fops, bops)
 }
 
-// haloShape is the shape of a halo tensor of k slices.
-func (s *Spec) haloShape(k int64) []int64 {
-	h := slices.Clone(s.Shape)
-	h[s.Dim] = k
-	return h
+// tags are the instance's message tags, forward and backward.
+func (l layoutPlan) tags() (fwd, bwd uint64) {
+	g, id := l.inst.g, l.inst.ident
+	return g.tag(id, phaseForward), g.tag(id, phaseBackward)
 }
 
 // aliasOffset is the byte offset at which the unpadded tensor is the padded
 // one's interior, if their strides allow it, else -1.
-func (p *instance) aliasOffset(l layoutPlan, inner, outer []int64) int64 {
+func (l layoutPlan) aliasOffset(inner, outer []int64) int64 {
 	if !slices.Equal(inner, outer) {
 		return -1
 	}
@@ -325,100 +322,57 @@ func (l layoutPlan) box(r region, lo, hi int64) ([]int64, int64) {
 }
 
 // oneOperand is a walk over the padded slices [lo, hi) of region r.
-func (p *instance) oneOperand(l layoutPlan, r region, lo, hi int64) local {
+func (l layoutPlan) oneOperand(r region, lo, hi int64) local {
 	bx, o := l.box(r, lo, hi)
 	return local{w: newWalk(bx, [][]int64{r.strides}, []int64{o}), dst: r.base, src: -1, elem: l.elem, dt: l.spec.DType}
 }
 
 // twoOperands is a walk over the padded slices [lo, hi) of both regions.
-func (p *instance) twoOperands(l layoutPlan, dst, src region, lo, hi int64, layout int) local {
+func (l layoutPlan) twoOperands(dst, src region, lo, hi int64, layout int) local {
 	bx, do := l.box(dst, lo, hi)
 	_, so := l.box(src, lo, hi)
 	return local{w: newWalk(bx, [][]int64{dst.strides, src.strides}, []int64{do, so}), dst: dst.base, src: src.base,
 		elem: l.elem, dt: l.spec.DType, layout: layout}
 }
 
-// inPlace decides whether a slab goes on the wire from/to the caller's
-// memory (contiguous or IOV) rather than through a staging buffer.
-func (p *instance) inPlace(w *walk, elem int) bool {
-	runs := w.runs()
-	if runs <= 1 {
-		return true
+// inPlace says whether a slab goes on the wire straight from or into the
+// caller's memory rather than through a staging buffer: the executor's
+// choice, since staging is its work; accumulate: what arrives is added.
+func (l layoutPlan) inPlace(w *walk, accumulate bool) (bool, error) {
+	in, err := l.inst.exec.inPlace(w, l.elem, accumulate)
+	if err != nil {
+		return in, fmt.Errorf("%w: rank %d: plan %d: %v: make the tensors' strides keep dim %d's slices in fewer pieces (e.g. dim outermost)",
+			ErrInvalid, l.inst.g.Rank(), l.inst.id, err, l.spec.Dim)
 	}
-	o := &p.g.opts
-	switch o.Transfer {
-	case TransferPack:
-		return false
-	case TransferIOV:
-		return runs <= 1<<16
-	}
-	return runs <= int64(o.IOVMaxSegments) && w.run*int64(elem) >= o.IOVMinSegment
-}
-
-// direct says whether a slab goes on the wire straight from or into the
-// caller's memory. Memory the CPU must not touch always does (bytesOnly);
-// then a slab of more runs than an I/O vector takes is an error.
-func (p *instance) direct(l layoutPlan, w *walk) (bool, error) {
-	if l.spec.Memory == MemoryHost {
-		return p.inPlace(w, l.elem), nil
-	}
-	if runs := w.runs(); runs > maxDirectSegments {
-		return true, fmt.Errorf("%w: rank %d: plan %d: a slab of %v memory is %d separate runs of memory (at most %d): make the tensors' strides keep dim %d's slices in fewer pieces (e.g. dim outermost)",
-			ErrInvalid, p.g.Rank(), p.id, l.spec.Memory, runs, maxDirectSegments, l.spec.Dim)
-	}
-	return true, nil
-}
-
-// maxDirectSegments caps the I/O vector of a slab that cannot be packed.
-const maxDirectSegments = 1 << 16
-
-// sentOnce checks, for a bytes-only layout, that no slice of any shard goes
-// to two ranks: the backward writes each neighbour's gradient where it
-// belongs instead of adding it, so two of them must not meet on one slice.
-// Every rank checks every rank's messages, so all of them fail alike.
-func (p *instance) sentOnce(l layoutPlan) error {
-	L, R := l.spec.Left, l.spec.Right
-	for q, n := range l.part.n {
-		if min(L, n)+min(R, n) > n {
-			// The caller's additions of the two sides would meet.
-			return fmt.Errorf("%w: rank %d: plan %d: rank %d's shard of %d slices is shorter than its halos (%d + %d): a plan over %v memory needs left + right no longer than any shard; stage such layouts through a host plan",
-				ErrInvalid, p.g.Rank(), p.id, q, n, L, R, l.spec.Memory)
-		}
-		out := l.part.outgoing(q, L, R)
-		for i, a := range out {
-			for _, b := range out[i+1:] {
-				if max(a.lo, b.lo) < min(a.hi, b.hi) {
-					return fmt.Errorf("%w: rank %d: plan %d: rank %d's slices [%d, %d) of the global sequence go to both rank %d and rank %d: a plan over %v memory needs every slice sent at most once (halos no longer than the shards, left + right no longer than a shard); stage such layouts through a host plan",
-						ErrInvalid, p.g.Rank(), p.id, q, max(a.lo, b.lo), min(a.hi, b.hi), a.dst, b.dst, l.spec.Memory)
-				}
-			}
-		}
-	}
-	return nil
+	return in, nil
 }
 
 // stage adds a staging buffer of bytes to s and returns its base.
-func (p *instance) stage(s *schedule, bytes int64) (int, error) {
-	buf, err := p.g.t.Alloc(int(bytes))
+func (l layoutPlan) stage(s *schedule, bytes int64) (int, error) {
+	buf, err := l.inst.g.t.Alloc(int(bytes))
 	if err != nil {
-		return 0, fmt.Errorf("rank %d: staging buffer of %d bytes for plan %d: %w", p.g.Rank(), bytes, p.id, err)
+		return 0, fmt.Errorf("rank %d: staging buffer of %d bytes for plan %d: %w", l.inst.g.Rank(), bytes, l.inst.id, err)
 	}
 	s.staging = append(s.staging, buf)
 	return s.fixed + len(s.staging) - 1, nil
 }
 
 // sendOp prepares the send of the padded slices [lo, hi) of region r.
-func (p *instance) sendOp(s *schedule, l layoutPlan, r region, lo, hi int64, peer int, tag uint64) (*transport.Op, error) {
+func (l layoutPlan) sendOp(s *schedule, r region, lo, hi int64, peer int, tag uint64) (*transport.Op, error) {
 	bx, o := l.box(r, lo, hi)
 	w := wireWalk(bx, [][]int64{r.strides}, []int64{o})
 	if w.runs() == 0 {
 		return nil, nil // empty tensor: both sides skip the message
 	}
-	if direct, err := p.direct(l, &w); err != nil || direct {
-		return &transport.Op{Peer: peer, Tag: tag, Send: true, Segs: w.segments(l.elem, r.base), Memory: l.spec.Memory}, err
+	inPlace, err := l.inPlace(&w, false)
+	if err != nil {
+		return nil, err
+	}
+	if inPlace {
+		return &transport.Op{Peer: peer, Tag: tag, Send: true, Segs: w.segments(l.elem, r.base), Memory: l.spec.Memory}, nil
 	}
 	bytes := w.runs() * w.run * int64(l.elem)
-	base, err := p.stage(s, bytes)
+	base, err := l.stage(s, bytes)
 	if err != nil {
 		return nil, err
 	}
@@ -430,21 +384,21 @@ func (p *instance) sendOp(s *schedule, l layoutPlan, r region, lo, hi int64, pee
 // recvOp prepares the receive of the padded slices [lo, hi) of region r: in
 // place, or into staging and then unpacked, or (accumulate) into staging and
 // then added.
-func (p *instance) recvOp(s *schedule, l layoutPlan, r region, lo, hi int64, peer int, tag uint64, accumulate bool) (*transport.Op, error) {
+func (l layoutPlan) recvOp(s *schedule, r region, lo, hi int64, peer int, tag uint64, accumulate bool) (*transport.Op, error) {
 	bx, o := l.box(r, lo, hi)
 	w := wireWalk(bx, [][]int64{r.strides}, []int64{o})
 	if w.runs() == 0 {
 		return nil, nil
 	}
-	if l.spec.Memory != MemoryHost { // bytes only: written where they belong, added by the caller
-		_, err := p.direct(l, &w)
-		return &transport.Op{Peer: peer, Tag: tag, Segs: w.segments(l.elem, r.base), Memory: l.spec.Memory}, err
+	inPlace, err := l.inPlace(&w, accumulate)
+	if err != nil {
+		return nil, err
 	}
-	if !accumulate && p.inPlace(&w, l.elem) {
-		return &transport.Op{Peer: peer, Tag: tag, Segs: w.segments(l.elem, r.base)}, nil
+	if inPlace {
+		return &transport.Op{Peer: peer, Tag: tag, Segs: w.segments(l.elem, r.base), Memory: l.spec.Memory}, nil
 	}
 	bytes := w.runs() * w.run * int64(l.elem)
-	base, err := p.stage(s, bytes)
+	base, err := l.stage(s, bytes)
 	if err != nil {
 		return nil, err
 	}

@@ -2,6 +2,7 @@ package halo
 
 import (
 	"fmt"
+	"slices"
 
 	"github.com/halo-cp/halo/halo/transport"
 )
@@ -54,6 +55,13 @@ func (s *Spec) OutShape() []int64 {
 		o[s.Dim] += s.Left + s.Right
 	}
 	return o
+}
+
+// haloShape is the shape of a halo tensor of k slices.
+func (s *Spec) haloShape(k int64) []int64 {
+	h := slices.Clone(s.Shape)
+	h[s.Dim] = k
+	return h
 }
 
 // layoutName prefixes messages about layout k of a plan of n layouts.
