@@ -468,7 +468,7 @@ def scenario_hunyuan_video_bad_split():
 
     vae = hd.parallelize_vae(AutoencoderKLHunyuanVideo15(latent_channels=4, block_out_channels=(8, 16, 16),
                                                          layers_per_block=1, spatial_compression_ratio=4).double())
-    with pytest.raises(ValueError, match=f"AutoencoderKLHunyuanVideo15's rank {last} holds {wrong} frames"):
+    with pytest.raises(ValueError, match=f"AutoencoderKLHunyuanVideo15.encode: rank {last} holds {wrong} frames"):
         vae.encode(torch.zeros(1, 3, frames, 8, 8, dtype=torch.float64))
 
 

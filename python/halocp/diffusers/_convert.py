@@ -10,6 +10,7 @@ import torch
 
 from .. import nn as cpnn
 from .._sharding import world_and_rank
+from .._splits import ShardTable
 
 
 def replace(parent, name, new):
@@ -138,3 +139,21 @@ def frames_3d(y, n, t):
     return y.reshape(n, t, *y.shape[1:]).transpose(1, 2)
 
 
+
+
+def check_frames(vae, x, latent):
+    """Refuse, on every rank alike, a shard that the split does not allow:
+    rank 0 holds 1 + r*k0 frames (1 + k0 latent frames), rank i > 0 r*ki
+    (ki latent frames). Without this a wrong length would give wrong frames,
+    silently: the strided convs would still agree on some split. One small
+    exchange of every rank's length (the shard table)."""
+    r = 1 if latent else vae.temporal_compression_ratio
+    table = ShardTable.of(vae._halocp_group, [x.shape[2] if x.dim() == 5 else -1])
+    bad = [(i, n) for i, (n,) in enumerate(table) if n < (i == 0) or (n - (i == 0)) % r]
+    if bad:
+        what = "latent frames" if latent else "frames"
+        rule = (f"rank 0 holds 1 + {r}*k0 {what}, rank i > 0 {r}*ki (k >= 0)" if r > 1 else
+                "rank 0 holds at least one latent frame")
+        raise ValueError(f"halocp.diffusers: {type(vae).__name__}.{'decode' if latent else 'encode'}: " + "; ".join(
+            f"rank {i} holds {n} {what}" if n >= 0 else f"rank {i}'s input is not (N, C, T, H, W)"
+            for i, n in bad) + f": the split wants {rule} (split_clip)")

@@ -16,31 +16,10 @@ import types
 import torch
 
 from .. import attention as cpattn
-from .._sharding import world_and_rank
-from .._splits import ShardTable
 from . import _convert as cv
 
 # F.pad's modes as torch's Conv3d names them.
 _PAD_MODES = {"replicate": "replicate", "constant": "zeros", "reflect": "reflect", "circular": "circular"}
-
-
-def _check_frames(vae, group, x, latent):
-    """Refuse, on every rank alike, a shard that the split does not allow:
-    rank 0 holds 1 + r*k0 frames (1 + k0 latent frames), rank i > 0 r*ki
-    (ki latent frames). Without this a wrong length would give wrong frames,
-    silently: the strided convs would still agree on some split."""
-    r = 1 if latent else vae.temporal_compression_ratio
-    world, _ = world_and_rank(group)
-    row = [x.shape[2] if x.dim() == 5 else -1]
-    table = ShardTable.of(group, row)
-    bad = [(i, n) for i, (n,) in enumerate(table) if n < (i == 0) or (n - (i == 0)) % r]
-    if bad:
-        what = "latent frames" if latent else "frames"
-        rule = (f"rank 0 holds 1 + {r}*k0 {what}, rank i > 0 {r}*ki (k >= 0)" if r > 1 else
-                "rank 0 holds at least one latent frame")
-        raise ValueError(f"halocp.diffusers: {type(vae).__name__}'s " + "; ".join(
-            f"rank {i} holds {n} {what}" if n >= 0 else f"rank {i}'s input is not (N, C, T, H, W)"
-            for i, n in bad) + f": the split wants {rule}")
 
 
 def _hunyuan_model(vae):
@@ -49,11 +28,11 @@ def _hunyuan_model(vae):
 
     # Methods bound to the model (a deepcopy binds them to the copy).
     def _encode(self, x, *args, **kwargs):
-        _check_frames(self, self._halocp_group, x, False)
+        cv.check_frames(self, x, False)
         return encode(self, x, *args, **kwargs)
 
     def _decode(self, z, *args, **kwargs):
-        _check_frames(self, self._halocp_group, z, True)
+        cv.check_frames(self, z, True)
         return decode(self, z, *args, **kwargs)
 
     vae._encode, vae._decode = types.MethodType(_encode, vae), types.MethodType(_decode, vae)

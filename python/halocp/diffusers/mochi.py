@@ -11,21 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from ..attention import cp_attention
-from .._splits import ShardTable
 from . import _convert as cv
-
-
-def _check_frames(vae, frames, latent):
-    """Refuse, on every rank alike, shards the split does not allow: rank 0
-    holds 1 + r*k0 frames (1 + k0 latent frames), rank i > 0 r*ki (ki)."""
-    r = 1 if latent else vae.temporal_compression_ratio
-    table = ShardTable.of(vae._halocp_group, [frames])
-    bad = [(rank, row[0]) for rank, row in enumerate(table) if row[0] < (rank == 0) or (row[0] - (rank == 0)) % r]
-    if bad:
-        what = "latent frames" if latent else "frames"
-        rule = "at least 1 latent frame on rank 0" if latent else f"1 + {r}*k frames on rank 0 and {r}*k on the others"
-        raise ValueError(f"halocp.diffusers: a parallelized AutoencoderKLMochi.{'decode' if latent else 'encode'} "
-                         f"takes {rule} (split_clip); " + ", ".join(f"rank {rank} holds {n} {what}" for rank, n in bad))
 
 
 def _mochi_model(vae):
@@ -45,7 +31,7 @@ def _mochi_model(vae):
         setattr(vae, method, types.MethodType(refuse, vae))
 
     def _encode(self, x):
-        _check_frames(self, x.shape[2], latent=False)
+        cv.check_frames(self, x, latent=False)
         if self.use_tiling:
             return self.tiled_encode(x)
         return self.encoder(x)[0]
@@ -56,7 +42,7 @@ def _mochi_model(vae):
         # first r-1 decoded frames are rank 0's to drop.
         from diffusers.models.autoencoders.vae import DecoderOutput
 
-        _check_frames(self, z.shape[2], latent=True)
+        cv.check_frames(self, z, latent=True)
         if self.use_tiling:
             return self.tiled_decode(z, return_dict=return_dict)
         dec, _ = self.decoder(z)
