@@ -24,7 +24,8 @@ import halocp.diffusers as hd  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 SCENARIOS = ["ltx", "ltx_shipped", "ltx095", "cogvideox", "reduced", "mochi", "mochi_shipped", "mochi_errors",
-             "hunyuan_video", "hunyuan_video_bad_split", "hunyuan_video15"]
+             "hunyuan_video", "hunyuan_video_bad_split", "hunyuan_video15",
+             "wan", "wan22", "wan_bad_shard"]
 
 
 @pytest.fixture(scope="module", params=[1, 2, 3, 4], ids=lambda w: f"W{w}")
@@ -45,7 +46,8 @@ def test_refuses_unknown_class():
     with pytest.raises(TypeError, match="AutoencoderKL is not supported; supported: ") as e:
         hd.parallelize_vae(AutoencoderKL(block_out_channels=(4,), norm_num_groups=2, latent_channels=2))
     named = str(e.value).split("supported: ")[-1].split(", ")
-    assert named == list(hd.supported_classes()) and {"AutoencoderKLLTXVideo", "AutoencoderKLCogVideoX"} <= set(named)
+    assert named == list(hd.supported_classes())
+    assert {"AutoencoderKLLTXVideo", "AutoencoderKLCogVideoX", "AutoencoderKLWan"} <= set(named)
 
 
 def test_split():

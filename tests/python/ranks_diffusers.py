@@ -489,5 +489,66 @@ def scenario_hunyuan_video15():
     check(build, (8, 8), splits={w: g[:1] for w, g in GROUPS.items()}, checkpointing=True)
 
 
+def wan(**config):
+    from diffusers import AutoencoderKLWan
+
+    return lambda: AutoencoderKLWan(base_dim=4, z_dim=4, dim_mult=[1, 2, 4, 4], num_res_blocks=1,
+                                    temperal_downsample=[False, True, True], **config)
+
+
+# Wan 2.2's layout: residual down and up blocks with their average and
+# repeat shortcuts, 2x2 patches of 3 channels in and out, a decoder wider
+# than the encoder (as Wan 2.2 ships: 256 and 160 channels).
+WAN22 = dict(is_residual=True, patch_size=2, in_channels=12, out_channels=12, scale_factor_spatial=16,
+             decoder_base_dim=6)
+
+
+def scenario_wan():
+    """Wan 2.1 (AutoencoderKLWan): causal convs padded with zeros, the
+    down-sampler's strided time conv keeping the first frame, the
+    up-sampler's time conv doubling every frame but the first, attention
+    within each frame. Against the model as shipped: its chunked encode
+    (the first frame, then 4 frames a call) and frame-by-frame decode with
+    feat_cache are exactly the whole clip's causal computation (see
+    halocp.diffusers.wan). The model has no gradient checkpointing."""
+    check(wan(), (8, 8))
+
+
+# One split per world size, each with rank 0 holding the first frame alone
+# and (W > 2) an empty rank: what Wan 2.2's shortcuts treat apart.
+WAN22_GROUPS = {1: [[2]], 2: [[0, 2]], 3: [[0, 0, 2]], 4: [[0, 1, 0, 2]]}
+
+
+def scenario_wan22():
+    """Wan 2.2's layout: the residual blocks' zero-padded average shortcut
+    (AvgDown3D) and repeat shortcut (DupUp3D), the first frame apart on
+    rank 0; patches of 2x2 pixels. Against the model as shipped."""
+    check(wan(**WAN22), (16, 16), splits=WAN22_GROUPS)
+
+
+def scenario_wan_bad_shard():
+    """A shard length that the split does not allow raises the same error,
+    naming the rank and its length, on every rank (no rank is left waiting
+    in an exchange); so does a rank 0 with no latent frames."""
+    vae = hd.parallelize_vae(wan()().double())
+    bad = ranks.WORLD - 1
+    frames = [1 + 4] + [4] * (ranks.WORLD - 1)
+    frames[bad] += 2
+    x = torch.randn(1, 3, frames[ranks.RANK], 8, 8, dtype=torch.float64)
+    try:
+        vae.encode(x)
+    except ValueError as e:
+        expect(f"rank {bad} holds {frames[bad]}" in str(e), f"the error does not name rank {bad}: {e}")
+    else:
+        raise ranks.Failure(f"a shard of {frames[bad]} frames on rank {bad} was taken")
+    z = torch.randn(1, 4, 0 if ranks.RANK == 0 else 1, 1, 1, dtype=torch.float64)
+    try:
+        vae.decode(z)
+    except ValueError as e:
+        expect("rank 0 holds 0" in str(e), f"the error does not name rank 0: {e}")
+    else:
+        raise ranks.Failure("a rank 0 with no latent frames was taken")
+
+
 if __name__ == "__main__":
     ranks.main(globals())

@@ -15,7 +15,7 @@ the ranks' outputs put together are the unpatched model's on the whole
 clip, and its parameter gradients summed over the group are the whole
 clip's.
 
-One module per model family (ltx, cogvideox, mochi, ...) holds its converters: a
+One module per model family (ltx, cogvideox, mochi, wan, ...) holds its converters: a
 ``MODELS`` table (class name -> the model-level step) and a ``BLOCKS`` table
 (block type name -> its converter); ``_convert`` what they share; ``split``
 the clip's sharding. diffusers is imported only when a VAE is converted:
@@ -25,14 +25,14 @@ halocp needs none of it.
 from __future__ import annotations
 
 from . import _convert as cv
-from . import cogvideox, hunyuan_video, ltx, mochi
+from . import cogvideox, hunyuan_video, ltx, mochi, wan
 from .split import ClipSplit, Shard, gather_clip, shard_clip, split_clip, temporal_compression
 
 __all__ = ["parallelize_vae", "supported_classes", "temporal_compression", "split_clip", "ClipSplit", "Shard",
            "shard_clip", "gather_clip"]
 
 # The families, in the order supported_classes lists them.
-_FAMILIES = (ltx, cogvideox, mochi, hunyuan_video)
+_FAMILIES = (ltx, cogvideox, mochi, hunyuan_video, wan)
 
 
 def _table(name):

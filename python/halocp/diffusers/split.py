@@ -62,7 +62,8 @@ class ClipSplit:
 def temporal_compression(vae) -> int:
     """The VAE's temporal compression ratio r (a clip of 1 + r*k frames has
     1 + k latent frames), as the model or its config holds it."""
-    r = vae.__dict__.get("temporal_compression_ratio") or vae.config.get("temporal_compression_ratio")
+    r = vae.__dict__.get("temporal_compression_ratio") or vae.config.get("temporal_compression_ratio") or \
+        vae.config.get("scale_factor_temporal")  # Wan's name for it
     return int(r)
 
 
