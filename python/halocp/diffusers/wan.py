@@ -31,7 +31,7 @@ import types
 import torch
 
 from .. import nn as cpnn
-from .._sharding import distributed, world_and_rank
+from .._sharding import world_and_rank
 from .._splits import ShardTable
 from . import _convert as cv
 
@@ -100,9 +100,7 @@ def _lengths(group, x):
     """Every rank's frame count of x (halocp's shard table: one small
     exchange), the same list on every rank, so a bad shard raises the same
     error on all of them."""
-    if not distributed(group):
-        return [x.shape[2]]
-    return [int(n) for n in ShardTable.rows(group, [x.shape[2]])[:, 0].tolist()]
+    return [n for n, in ShardTable.of(group, [x.shape[2]])]
 
 
 def _refuse(lengths, good, rule):
