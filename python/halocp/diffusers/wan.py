@@ -32,7 +32,6 @@ import torch
 
 from .. import nn as cpnn
 from .._sharding import world_and_rank
-from .._splits import ShardTable
 from . import _convert as cv
 
 
@@ -45,6 +44,7 @@ def _wan_model(vae):
         raise ValueError(f"halocp.diffusers: AutoencoderKLWan's scale_factor_temporal "
                          f"({vae.config.get('scale_factor_temporal')}) is not its encoder's compression ({r})")
     cv.no_temporal_tiling(vae)
+    vae.temporal_compression_ratio = r  # as the other families' models name it (check_frames)
     patch = vae.config.patch_size
 
     def refuse_tiling(self):
@@ -53,15 +53,18 @@ def _wan_model(vae):
                                "leave tiling off")
 
     # One encoder (decoder) call over the shard, no feat_cache: the blocks
-    # compute the whole clip's causal computation (see the module's doc).
+    # compute the whole clip's causal computation (see the module's doc);
+    # the shard lengths checked first, on every rank alike.
     def _encode(self, x):
         refuse_tiling(self)
+        cv.check_frames(self, x, latent=False)
         if patch is not None:
             x = patchify(x, patch_size=patch)
         return self.quant_conv(self.encoder(x))
 
     def _decode(self, z, return_dict=True):
         refuse_tiling(self)
+        cv.check_frames(self, z, latent=True)
         out = self.decoder(self.post_quant_conv(z))
         if patch is not None:
             out = unpatchify(out, patch_size=patch)
@@ -94,54 +97,6 @@ def _convs(block, group):
     for name, child in list(block.named_children()):
         if type(child).__name__ == "WanCausalConv3d":
             cv.replace(block, name, _causal(child, group))
-
-
-def _lengths(group, x):
-    """Every rank's frame count of x (halocp's shard table: one small
-    exchange), the same list on every rank, so a bad shard raises the same
-    error on all of them."""
-    return [n for n, in ShardTable.of(group, [x.shape[2]])]
-
-
-def _refuse(lengths, good, rule):
-    bad = [(r, n) for r, n in enumerate(lengths) if not good(r, n)]
-    if bad:
-        raise ValueError(f"halocp.diffusers: AutoencoderKLWan's {rule} (split_clip): "
-                         + ", ".join(f"rank {r} holds {n}" for r, n in bad))
-
-
-def _wan_encoder(m, group):
-    """WanEncoder3d: its convs on halocp.nn, one call over the shard; the
-    shard lengths checked first, on every rank alike."""
-    _convs(m, group)
-    r = 2 ** sum(1 for b in m.modules() if type(b).__name__ == "WanResample" and b.mode == "downsample3d")
-
-    def forward(self, x, feat_cache=None, feat_idx=None):
-        _refuse(_lengths(group, x), lambda rank, n: (n - 1) % r == 0 if rank == 0 else n % r == 0,
-                f"encoder takes 1 + {r}*k frames on rank 0 and {r}*k on each other rank")
-        x = self.conv_in(x)
-        for layer in self.down_blocks:
-            x = layer(x)
-        x = self.mid_block(x)
-        return self.conv_out(self.nonlinearity(self.norm_out(x)))
-
-    cv.override(m, forward)
-
-
-def _wan_decoder(m, group):
-    """WanDecoder3d: its convs on halocp.nn, one call over the shard; rank 0
-    must hold the clip's first latent frame."""
-    _convs(m, group)
-
-    def forward(self, x, feat_cache=None, feat_idx=None, first_chunk=False):
-        _refuse(_lengths(group, x), lambda rank, n: rank != 0 or n >= 1,
-                "decoder wants the clip's first latent frame on rank 0")
-        x = self.mid_block(self.conv_in(x))
-        for block in self.up_blocks:
-            x = block(x)
-        return self.conv_out(self.nonlinearity(self.norm_out(x)))
-
-    cv.override(m, forward)
 
 
 def _wan_resample(m, group):
@@ -210,8 +165,10 @@ def _dup_up(m, group):
 
 MODELS = {"AutoencoderKLWan": _wan_model}
 BLOCKS = {
-    "WanEncoder3d": _wan_encoder,
-    "WanDecoder3d": _wan_decoder,
+    # The encoder and decoder as shipped: without feat_cache, one call over
+    # the shard through the converted blocks.
+    "WanEncoder3d": _convs,
+    "WanDecoder3d": _convs,
     "WanResidualBlock": _convs,
     "WanResample": _wan_resample,
     "WanAttentionBlock": _wan_attention,
