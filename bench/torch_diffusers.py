@@ -60,12 +60,39 @@ def cogvideox(torch):
                                   norm_num_groups=8, temporal_compression_ratio=4)
 
 
-# name -> (the model, what the reference needs to compute the whole clip as the sharded model does)
-MODELS = {
-    "ltx": (ltx, lambda vae: None),
-    "cogvideox": (cogvideox, lambda vae: setattr(vae, "num_sample_frames_batch_size", 1 << 30)
-                  or setattr(vae, "num_latent_frames_batch_size", 1 << 30)),
-}
+def mochi(torch):
+    from diffusers import AutoencoderKLMochi
+
+    return AutoencoderKLMochi(encoder_block_out_channels=(32, 32, 32, 32), decoder_block_out_channels=(32, 32, 32, 32),
+                              latent_channels=8, layers_per_block=(1, 1, 1, 1, 1))
+
+
+def hunyuan_video(torch):
+    from diffusers import AutoencoderKLHunyuanVideo
+
+    return AutoencoderKLHunyuanVideo(latent_channels=8, block_out_channels=(16, 32, 32, 32), layers_per_block=1,
+                                     norm_num_groups=8)
+
+
+def wan(torch):
+    from diffusers import AutoencoderKLWan
+
+    return AutoencoderKLWan(base_dim=16, z_dim=8, dim_mult=[1, 2, 2, 2], num_res_blocks=1,
+                            temperal_downsample=[False, True, True])
+
+
+def _whole_clip(vae):
+    """The reference computes the whole clip in one call, as the sharded
+    model does: no frame batches (CogVideoX), no temporal tiles (HunyuanVideo)."""
+    for name in ("num_sample_frames_batch_size", "num_latent_frames_batch_size"):
+        if hasattr(vae, name):
+            setattr(vae, name, 1 << 30)
+    for name in ("use_framewise_encoding", "use_framewise_decoding"):
+        if hasattr(vae, name) and type(vae).__name__ == "AutoencoderKLHunyuanVideo":
+            setattr(vae, name, False)
+
+
+MODELS = {"ltx": ltx, "cogvideox": cogvideox, "mochi": mochi, "hunyuan_video": hunyuan_video, "wan": wan}
 
 
 class Phases:
@@ -113,7 +140,7 @@ def run_rank(args) -> int:
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     phases = Phases()
-    build, whole_clip = MODELS[args.model]
+    build, whole_clip = MODELS[args.model], _whole_clip
     torch.manual_seed(0)  # the same weights and clip on every rank
     whole = build(torch).float()
     sharded = hd.parallelize_vae(copy.deepcopy(whole))
