@@ -123,3 +123,20 @@ def test_hunyuan_video_deepcopy():
         assert torch.equal(twin.encode(x).latent_dist.mode(), vae.encode(x).latent_dist.mode())
     with pytest.raises(ValueError, match="rank 0 holds 4 frames"):
         twin.encode(x[:, :, :4])
+
+
+def test_tiled_calls_refused():
+    """Every converted model refuses its tiled calls (a tile's norms and the
+    first-frame rules would see the tile alone), spatial and temporal."""
+    from diffusers import AutoencoderKLCogVideoX, AutoencoderKLLTXVideo
+
+    for vae in (AutoencoderKLCogVideoX(block_out_channels=(4, 8, 8, 8), latent_channels=2, layers_per_block=1,
+                                       norm_num_groups=2),
+                AutoencoderKLLTXVideo(in_channels=3, out_channels=3, latent_channels=4, patch_size=1,
+                                      block_out_channels=(4, 8, 8, 8), decoder_block_out_channels=(4, 8, 8, 8))):
+        hd.parallelize_vae(vae)
+        assert not vae.use_tiling
+        for method in ("tiled_encode", "tiled_decode", "_temporal_tiled_encode", "_temporal_tiled_decode"):
+            if hasattr(vae, method):
+                with pytest.raises(RuntimeError, match=f"parallelized {type(vae).__name__} .*leave tiling off"):
+                    getattr(vae, method)(torch.zeros(1, 3, 1, 8, 8))

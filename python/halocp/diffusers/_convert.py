@@ -94,20 +94,22 @@ def check_converted(vae, model):
                                   "converter knows; it would see this rank's frames alone")
 
 
-def no_temporal_tiling(vae):
-    """Replace the model's own ways round a long clip by the sharding."""
+def refuse_tiling(vae, *args, **kwargs):
+    raise RuntimeError(f"halocp.diffusers: a parallelized {type(vae).__name__} shards the clip along time instead "
+                       "of tiling it; leave tiling off")
+
+
+def no_tiling(vae):
+    """Replace the model's own ways round a long clip (frame batches,
+    temporal and spatial tiles, slices) by the sharding: off, and the tiled
+    calls refused (a tile's norms and the first-frame rules would see the
+    tile alone)."""
     for flag in ("use_tiling", "use_slicing", "use_framewise_encoding", "use_framewise_decoding"):
         if hasattr(vae, flag):
             setattr(vae, flag, False)
-
-    def refuse(self, *args, **kwargs):
-        raise RuntimeError("halocp.diffusers: a parallelized VAE shards the clip along time instead of tiling "
-                           "it; leave temporal tiling off")
-
-    for method in ("_temporal_tiled_encode", "_temporal_tiled_decode"):
+    for method in ("tiled_encode", "tiled_decode", "_temporal_tiled_encode", "_temporal_tiled_decode"):
         if hasattr(vae, method):
-            setattr(vae, method, types.MethodType(refuse, vae))
-
+            setattr(vae, method, types.MethodType(refuse_tiling, vae))
 
 
 def fold_time_space(x, stride):

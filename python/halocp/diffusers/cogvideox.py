@@ -12,7 +12,7 @@ from . import _convert as cv
 
 
 def _cogvideox_model(vae):
-    cv.no_temporal_tiling(vae)
+    cv.no_tiling(vae)
     # One call of the encoder (decoder) covers the shard: no frame batches,
     # so no conv caches between them.
     vae.num_sample_frames_batch_size = vae.num_latent_frames_batch_size = 1 << 62

@@ -23,7 +23,7 @@ _PAD_MODES = {"replicate": "replicate", "constant": "zeros", "reflect": "reflect
 
 
 def _hunyuan_model(vae):
-    cv.no_temporal_tiling(vae)
+    cv.no_tiling(vae)
     encode, decode = type(vae)._encode, type(vae)._decode
 
     # Methods bound to the model (a deepcopy binds them to the copy).

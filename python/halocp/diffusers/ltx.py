@@ -14,7 +14,7 @@ def _ltx_model(vae):
     if vae.encoder.patch_size_t != 1 or vae.decoder.patch_size_t != 1:
         raise NotImplementedError("halocp.diffusers: LTX-Video with patch_size_t != 1 (a temporal patch "
                                   "straddles shards)")
-    cv.no_temporal_tiling(vae)
+    cv.no_tiling(vae)
 
 
 def _ltx_causal_conv(m, group):

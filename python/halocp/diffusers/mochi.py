@@ -21,14 +21,7 @@ def _mochi_model(vae):
         # conv caches' ("constant"), for good: not the model's whole-clip one.
         raise NotImplementedError("halocp.diffusers: this AutoencoderKLMochi had framewise encoding or decoding "
                                   "enabled, which changed its convolutions' padding; convert a fresh one")
-    cv.no_temporal_tiling(vae)
-
-    def refuse(self, *args, **kwargs):
-        raise RuntimeError("halocp.diffusers: a parallelized AutoencoderKLMochi does not tile space (its tiled "
-                           "decode drops the first frames of every shard); leave tiling off")
-
-    for method in ("tiled_encode", "tiled_decode"):
-        setattr(vae, method, types.MethodType(refuse, vae))
+    cv.no_tiling(vae)
 
     def _encode(self, x):
         cv.check_frames(self, x, latent=False)

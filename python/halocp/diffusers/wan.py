@@ -43,27 +43,24 @@ def _wan_model(vae):
     if vae.config.get("scale_factor_temporal") != r:
         raise ValueError(f"halocp.diffusers: AutoencoderKLWan's scale_factor_temporal "
                          f"({vae.config.get('scale_factor_temporal')}) is not its encoder's compression ({r})")
-    cv.no_temporal_tiling(vae)
+    cv.no_tiling(vae)
     vae.temporal_compression_ratio = r  # as the other families' models name it (check_frames)
     patch = vae.config.patch_size
-
-    def refuse_tiling(self):
-        if self.use_tiling:
-            raise RuntimeError("halocp.diffusers: a parallelized AutoencoderKLWan shards the clip along time; "
-                               "leave tiling off")
 
     # One encoder (decoder) call over the shard, no feat_cache: the blocks
     # compute the whole clip's causal computation (see the module's doc);
     # the shard lengths checked first, on every rank alike.
     def _encode(self, x):
-        refuse_tiling(self)
+        if self.use_tiling:
+            cv.refuse_tiling(self)
         cv.check_frames(self, x, latent=False)
         if patch is not None:
             x = patchify(x, patch_size=patch)
         return self.quant_conv(self.encoder(x))
 
     def _decode(self, z, return_dict=True):
-        refuse_tiling(self)
+        if self.use_tiling:
+            cv.refuse_tiling(self)
         cv.check_frames(self, z, latent=True)
         out = self.decoder(self.post_quant_conv(z))
         if patch is not None:
