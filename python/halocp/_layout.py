@@ -167,12 +167,14 @@ def mark_sharded(x: torch.Tensor, dim: int = 2) -> torch.Tensor:
     return x
 
 
-def result_dtype(op, x: Tensor, extent) -> torch.dtype:
-    """The dtype torch's ``op`` gives for an input like x (N, C, *extent):
-    under autocast not x's (a convolution lowers float32 to bfloat16, CPU
+def result_dtype(op, x: Tensor, kernel, dilation) -> torch.dtype:
+    """The dtype torch's ``op`` (a convolution or pooling of ``kernel``
+    and ``dilation`` per spatial dim) gives for an input like x: under
+    autocast not x's (a convolution lowers float32 to bfloat16, CPU
     average pooling raises bfloat16 to float32). A rank that computes no
     output frames must still give its peers' dtype, or the next exchange's
     ranks disagree: so op runs on a batch of zero, which computes nothing."""
     if not torch.is_autocast_enabled(x.device.type):
         return x.dtype
+    extent = [d * (k - 1) + 1 for k, d in zip(kernel, dilation)]
     return op(x.new_empty((0, x.shape[1], *extent))).dtype

@@ -123,9 +123,8 @@ class _ContextParallelConv(torch.autograd.Function):
             p = empty_in_order(_padded_frames(x, n + c), dim_order(x), x.dtype, x.device)
             y = cfg.conv(torch.cat([lh, x, rh], 2, out=p), weight, bias)
         else:  # an empty shard: no output frames, but its halos still travel
-            extent = [d * (k - 1) + 1 for d, k in zip(cfg.dilation, weight.shape[2:])]
-            y = x.new_empty(cfg.output_shape(x, weight),
-                            dtype=result_dtype(lambda p: cfg.conv(p, weight, bias), x, extent))
+            dtype = result_dtype(lambda p: cfg.conv(p, weight, bias), x, weight.shape[2:], cfg.dilation)
+            y = x.new_empty(cfg.output_shape(x, weight), dtype=dtype)
         ctx.save_for_backward(x, weight, lh, rh)
         ctx.cfg, ctx.route, ctx.fused = cfg, halo_route, fused
         return y
@@ -340,8 +339,8 @@ def _sharded_conv(layer, x, pads, sharded):
     x = _pad_locally(x, local, conv_padding, modes)
     window, out_shape = _conv_window(x, layer.weight, splits, dims, *conv[:3])
     if window is None:
-        extent = [d * (k - 1) + 1 for d, k in zip(layer.dilation, layer.weight.shape[2:])]
-        dtype = result_dtype(lambda p: _CONV[nsp](p, layer.weight, layer.bias, *conv), x, extent)
+        dtype = result_dtype(lambda p: _CONV[nsp](p, layer.weight, layer.bias, *conv), x, layer.weight.shape[2:],
+                             layer.dilation)
         return _NoOutput.apply(x, layer.weight, layer.bias, out_shape, dtype)
     return _CONV[nsp](window, layer.weight, layer.bias, *conv)
 

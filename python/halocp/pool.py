@@ -91,8 +91,7 @@ class _ShardedPool:
         if count == 0:
             shape = list(x.shape[:2]) + [0] + [max((x.shape[3 + i] + 2 * p[1 + i] - d[1 + i] * (k[1 + i] - 1) - 1)
                                                    // s[1 + i] + 1, 0) for i in range(2)]
-            extent = [d[i] * (k[i] - 1) + 1 for i in range(3)]
-            dtype = result_dtype(lambda w: self._pool(w, k, s, (0, p[1], p[2])), padded, extent)
+            dtype = result_dtype(lambda w: self._pool(w, k, s, (0, p[1], p[2])), padded, k, d)
             return _Empty.apply(padded, shape, dtype)
         return self._pool(padded.narrow(2, phase, (count - 1) * s[0] + e + 1), k, s, (0, p[1], p[2]))
 
