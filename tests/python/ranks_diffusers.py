@@ -257,6 +257,63 @@ def scenario_ltx095():
 
 
 
+def ltx2(**config):
+    from diffusers import AutoencoderKLLTX2Video
+
+    # Three down blocks of each kind that compresses time (space-to-depth in
+    # time and space, in time alone, a strided conv) and three up blocks
+    # (depth-to-space in time and space, in time alone): 8 in time, 4 in
+    # space, so 8x8 frames keep 2x2 latents (the decoder's reflect padding
+    # wants more than one pixel).
+    kw = dict(in_channels=3, out_channels=3, latent_channels=4, patch_size=1, block_out_channels=(8, 8, 8),
+              down_block_types=("LTX2VideoDownBlock3D",) * 3, layers_per_block=(1, 1, 1, 1),
+              spatio_temporal_scaling=(True, True, True), downsample_type=("spatiotemporal", "temporal", "conv"),
+              decoder_block_out_channels=(8, 16, 32), decoder_layers_per_block=(1, 1, 1, 1),
+              decoder_spatio_temporal_scaling=(True, True, True), decoder_inject_noise=(False,) * 4,
+              upsample_type=("spatiotemporal", "temporal", "spatiotemporal"), upsample_residual=(True,) * 3,
+              upsample_factor=(2, 2, 2), timestep_conditioning=True, temporal_compression_ratio=8,
+              spatial_compression_ratio=4)
+    return lambda: AutoencoderKLLTX2Video(**{**kw, **config})
+
+
+def ltx2_temb(z):
+    return (torch.full((z.shape[0],), 0.05, dtype=z.dtype),)
+
+
+def scenario_ltx2():
+    """LTX-2 (AutoencoderKLLTX2Video): LTX's blocks with their causality a
+    call's argument, per-position RMS norms (in the input's dtype: no
+    float32 rounding), reflect padding in the decoder's space, a
+    timestep-conditioned decoder; the decoder centred (as LTX-2 ships it),
+    then causal (the class's default) with activation checkpointing."""
+    check(ltx2(decoder_causal=False), (8, 8), decode_args=ltx2_temb)
+    check(ltx2(decoder_causal=True), (8, 8), decode_args=ltx2_temb, splits={w: g[:1] for w, g in GROUPS.items()},
+          checkpointing=True)
+
+
+def scenario_ltx2_errors():
+    """A shard the split does not allow (the last rank one frame short) is
+    refused on every rank alike, naming the rank and its length; so is a
+    rank 0 without latent frames, and a decode asking a non-causal decoder
+    for causal frames."""
+    import pytest
+
+    vae = hd.parallelize_vae(ltx2(decoder_causal=False)().double())
+    last = ranks.WORLD - 1
+    frames = (1 if ranks.RANK == 0 else 0) + 8 - (ranks.RANK == last)
+    with pytest.raises(ValueError, match=f"AutoencoderKLLTX2Video.encode: rank {last} holds {8 + (last == 0) - 1} "
+                                         "frames: the split wants rank 0 holds 1 "):
+        vae.encode(torch.zeros(1, 3, frames, 8, 8, dtype=torch.float64))
+    temb = ltx2_temb(torch.zeros(1, dtype=torch.float64))
+    with pytest.raises(ValueError, match="rank 0 holds 0 latent frames"):
+        vae.decode(torch.zeros(1, 4, 0 if ranks.RANK == 0 else 1, 2, 2, dtype=torch.float64), *temb)
+    with pytest.raises(NotImplementedError, match="non-causal part as configured; causal=True asks for the other"):
+        vae.decode(torch.zeros(1, 4, 1, 2, 2, dtype=torch.float64), *temb, causal=True)
+    # diffusers' default ratio counts the scaling blocks (8), whatever they scale (4 here)
+    with pytest.raises(ValueError, match="temporal_compression_ratio \\(8\\) is not its down-samplers'.*=4$"):
+        hd.parallelize_vae(ltx2(temporal_compression_ratio=None, downsample_type=("spatial", "temporal", "conv"))())
+
+
 def scenario_cogvideox():
     """CogVideoX: causal convs with the first frame repeated, GroupNorm over
     time, the temporal average of pairs after the first frame, the decoder's
