@@ -307,7 +307,8 @@ def scenario_ltx2_errors():
     vae = hd.parallelize_vae(ltx2(decoder_causal=False)().double())
     last = ranks.WORLD - 1
     frames = (1 if ranks.RANK == 0 else 0) + 8 - (ranks.RANK == last)
-    with pytest.raises(ValueError, match=f"AutoencoderKLLTX2Video.encode: rank {last} holds {8 + (last == 0) - 1} "
+    # a HaloError, as halocp's layers refuse a bad shard (and a ValueError, as before)
+    with pytest.raises(halocp.HaloError, match=f"AutoencoderKLLTX2Video.encode: rank {last} holds {8 + (last == 0) - 1} "
                                          "frames: the split wants rank 0 holds 1 "):
         vae.encode(torch.zeros(1, 3, frames, 8, 8, dtype=torch.float64))
     temb = ltx2_temb(torch.zeros(1, dtype=torch.float64))
@@ -382,7 +383,7 @@ def scenario_allegro_errors():
     vae = hd.parallelize_vae(allegro()().double())
     last = ranks.WORLD - 1
     frames = 4 - 2 * (ranks.RANK == last)
-    with pytest.raises(ValueError, match=f"AutoencoderKLAllegro.encode: rank {last} holds 2 frames: the split wants "
+    with pytest.raises(halocp.HaloError, match=f"AutoencoderKLAllegro.encode: rank {last} holds 2 frames: the split wants "
                                          "every rank holds 4\\*k frames"):
         vae.encode(torch.zeros(1, 3, frames, 8, 8, dtype=torch.float64))
     vae.enable_tiling()

@@ -27,10 +27,11 @@ from __future__ import annotations
 
 from . import _convert as cv
 from . import allegro, cogvideox, hunyuan_video, ltx, mochi, wan
+from ._convert import FrameCountError
 from .split import ClipSplit, Shard, gather_clip, shard_clip, split_clip, temporal_compression
 
 __all__ = ["parallelize_vae", "supported_classes", "temporal_compression", "first_frame", "split_clip", "ClipSplit",
-           "Shard", "shard_clip", "gather_clip"]
+           "Shard", "shard_clip", "gather_clip", "FrameCountError"]
 
 # The families, in the order supported_classes lists them.
 _FAMILIES = (ltx, cogvideox, mochi, hunyuan_video, wan, allegro)

@@ -8,7 +8,9 @@ import types
 
 import torch
 
+from .. import _lib
 from .. import nn as cpnn
+from .._lib import HaloError
 from .._sharding import world_and_rank
 from .._splits import ShardTable
 
@@ -162,6 +164,14 @@ def frames_3d(y, n, t):
 
 
 
+class FrameCountError(HaloError, ValueError):
+    """check_frames' refusal: a HaloError, as halocp's layers refuse a bad
+    shard, and a ValueError, as the converted models first raised it."""
+
+
+FrameCountError.__module__ = "halocp.diffusers"
+
+
 def check_frames(vae, x, latent, first_frame=True):
     """Refuse, on every rank alike, a shard that the split does not allow:
     rank 0 holds 1 + r*k0 frames (1 + k0 latent frames), rank i > 0 r*ki
@@ -178,6 +188,7 @@ def check_frames(vae, x, latent, first_frame=True):
         rule = (f"every rank holds {r}*k {what} (k >= 0)" if not first_frame else
                 f"rank 0 holds 1 + {r}*k0 {what}, rank i > 0 {r}*ki (k >= 0)" if r > 1 else
                 "rank 0 holds at least one latent frame")
-        raise ValueError(f"halocp.diffusers: {type(vae).__name__}.{'decode' if latent else 'encode'}: " + "; ".join(
+        raise FrameCountError(_lib.ERR_INVALID_ARGUMENT, f"halocp.diffusers: {type(vae).__name__}."
+                              f"{'decode' if latent else 'encode'}: " + "; ".join(
             f"rank {i} holds {n} {what}" if n >= 0 else f"rank {i}'s input is not (N, C, T, H, W)"
             for i, n in bad) + f": the split wants {rule} (split_clip)")
