@@ -25,7 +25,7 @@ import halocp.diffusers as hd  # noqa: E402
 HERE = Path(__file__).resolve().parent
 SCENARIOS = ["ltx", "ltx_shipped", "ltx095", "ltx2", "ltx2_errors", "cogvideox", "reduced", "mochi", "mochi_shipped", "mochi_errors",
              "hunyuan_video", "hunyuan_video_bad_split", "hunyuan_video15",
-             "wan", "wan22", "wan_bad_shard", "allegro", "allegro_errors"]
+             "wan", "wan22", "wan_bad_shard", "allegro", "allegro_errors", "reduced_more"]
 
 
 @pytest.fixture(scope="module", params=[1, 2, 3, 4], ids=lambda w: f"W{w}")
