@@ -303,6 +303,55 @@ class _NoOutput(torch.autograd.Function):
 
 _CONV = {2: F.conv2d, 3: F.conv3d}
 
+# torch's CPU conv3d (PyTorch 2.15, ConvParams::use_mkldnn) takes oneDNN for
+# float32 with a batch of more than one, but for a batch of one with a 3x3
+# (or smaller) kernel only when N*C*T*H passes this, and its unfolding
+# kernel slow_conv3d otherwise: 10-15x slower forward and backward on one
+# thread, and shards of a clip fall under it (LTX-Video's (1, 16, 35, 32, 32)
+# with its halos: 130 ms a convolution and its backward, against 10 ms).
+_ONEDNN_BATCH_ONE = 20480
+
+
+def _takes_slow_conv3d(x, weight, stride, dilation, groups):
+    """Whether torch would convolve x with slow_conv3d where a batch of two
+    would take oneDNN (the rule above; a 1x1 spatial kernel on one thread
+    takes slow_conv3d whatever the batch)."""
+    if x.dim() != 5 or x.shape[0] != 1 or x.device.type != "cpu" or groups != 1:
+        return False
+    if x.dtype != torch.float32 or weight.dtype != torch.float32 or torch.is_autocast_enabled("cpu"):
+        return False
+    if not torch.backends.mkldnn.is_available() or not torch.backends.mkldnn.enabled:
+        return False
+    kh, kw = weight.shape[3:]
+    if kh == 1 and kw == 1 and torch.get_num_threads() == 1 and max(stride) == 1 and max(dilation) == 1:
+        return False
+    if kh > 3 and kw > 3:
+        return False
+    # x's dims in their contiguous order (a channels_last input keeps its format, unsplit)
+    strides = x.stride()
+    return x.shape[1] * x.shape[2] * x.shape[3] <= _ONEDNN_BATCH_ONE and strides[1] >= strides[2] >= strides[3] >= strides[4]
+
+
+def _conv(x, weight, bias, stride, padding, dilation, groups):
+    """torch's convolution of x (2-d or 3-d by x), where a 3-d one would take
+    slow_conv3d as two overlapping halves of its output frames, convolved
+    as a batch of two (oneDNN's) and put back together: the same
+    arithmetic per output, one output frame twice when their count is odd,
+    a copy of the input and of the output more. Autograd's: the backward
+    takes oneDNN too."""
+    nsp = x.dim() - 2
+    if nsp != 3 or padding[0] != 0 or not _takes_slow_conv3d(x, weight, stride, dilation, groups):
+        return _CONV[nsp](x, weight, bias, stride, padding, dilation, groups)
+    st, e = stride[0], dilation[0] * (weight.shape[2] - 1)
+    n_out = (x.shape[2] - e - 1) // st + 1
+    if n_out < 2:
+        return F.conv3d(x, weight, bias, stride, padding, dilation, groups)
+    h = (n_out + 1) // 2  # outputs 0 .. h-1 and n_out-h .. n_out-1
+    length = (h - 1) * st + e + 1
+    halves = torch.cat([x.narrow(2, 0, length), x.narrow(2, (n_out - h) * st, length)], 0)
+    first, second = F.conv3d(halves, weight, bias, stride, padding, dilation, groups).unbind(0)
+    return torch.cat([first, second.narrow(1, 2 * h - n_out, n_out - h)], 1).unsqueeze(0)
+
 
 def _sharded_conv(layer, x, pads, sharded):
     """layer's convolution of shard x: pads is (left, right) padding per
@@ -342,7 +391,7 @@ def _sharded_conv(layer, x, pads, sharded):
         dtype = result_dtype(lambda p: _CONV[nsp](p, layer.weight, layer.bias, *conv), x, layer.weight.shape[2:],
                              layer.dilation)
         return _NoOutput.apply(x, layer.weight, layer.bias, out_shape, dtype)
-    return _CONV[nsp](window, layer.weight, layer.bias, *conv)
+    return _conv(window, layer.weight, layer.bias, *conv)
 
 
 def _padding_modes(layer, nsp):
