@@ -325,11 +325,7 @@ def _takes_slow_conv3d(x, weight, stride, dilation, groups):
     kh, kw = weight.shape[3:]
     if kh == 1 and kw == 1 and torch.get_num_threads() == 1 and max(stride) == 1 and max(dilation) == 1:
         return False
-    if kh > 3 and kw > 3:
-        return False
-    # x's dims in their contiguous order (a channels_last input keeps its format, unsplit)
-    strides = x.stride()
-    return x.shape[1] * x.shape[2] * x.shape[3] <= _ONEDNN_BATCH_ONE and strides[1] >= strides[2] >= strides[3] >= strides[4]
+    return not (kh > 3 and kw > 3) and x.shape[1] * x.shape[2] * x.shape[3] <= _ONEDNN_BATCH_ONE
 
 
 def _conv(x, weight, bias, stride, padding, dilation, groups):

@@ -466,8 +466,10 @@ def scenario_conv_kernels():
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        for i, (cls, stride) in enumerate([(halocp.nn.CausalConv3d, 1), (halocp.nn.CenteredConv3d, 1),
-                                           (halocp.nn.CausalConv3d, (2, 1, 1))]):
+        # (frames-major: (N, T, C, H, W) in memory, as a per-frame 2-d layer's output viewed back as 3-d)
+        for i, (cls, stride, frames_major) in enumerate([
+                (halocp.nn.CausalConv3d, 1, False), (halocp.nn.CenteredConv3d, 1, False),
+                (halocp.nn.CausalConv3d, (2, 1, 1), False), (halocp.nn.CausalConv3d, 1, True)]):
             torch.manual_seed(900 + i)
             layer = cls(16, 8, 3, stride=stride, padding=1, temporal_padding_mode="replicate")
             full = torch.nn.Conv3d(16, 8, 3, layer.stride, (0, 1, 1), dtype=torch.float64)
@@ -476,13 +478,16 @@ def scenario_conv_kernels():
             yg = full(F.pad(xg, (0, 0, 0, 0, layer.left, layer.right), "replicate"))
             gg = torch.randn_like(yg)
             yg.backward(gg)
-            x = shard(xg.detach(), lengths).float().requires_grad_()
+            x = shard(xg.detach(), lengths).float()
+            if frames_major:
+                x = x.transpose(1, 2).contiguous().transpose(1, 2)
+            x.requires_grad_()
             s, a, n = layer.stride[0], offsets(lengths)[ranks.RANK], lengths[ranks.RANK]
             first, count = -(-a // s), -(-(a + n) // s) - -(-a // s)
             with profile() as prof:
                 y = layer(x)
                 y.backward(gg.narrow(2, first, count).float())
-            what = f"{layer} over {lengths}, float32"
+            what = f"{layer} over {lengths}, float32{', frames-major' if frames_major else ''}"
             slow = sorted({e.key for e in prof.key_averages() if "slow_conv3d" in e.key})
             expect(count < 2 or not slow, f"{what}: rank {ranks.RANK} ({count} output frames) ran {slow}")
             close(y, yg.detach().narrow(2, first, count), 1e-5, f"{what}: output")
