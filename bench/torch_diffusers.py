@@ -252,7 +252,8 @@ def run_rank(args) -> int:
             dist.barrier()
 
     mine = dict(times={f"{op} {name}": statistics.median(v) for (op, name), v in times.items()},
-                spent={f"{op} {name}": {k: statistics.median(v) for k, v in d.items()} for (op, name), d in spent.items()},
+                spent={f"{op} {name}": {k: statistics.median(v) for k, v in d.items()}
+                       for (op, name), d in spent.items()},
                 memory=memory, diff=diff, frames=split.lengths[rank])
     everyone = [None] * world
     dist.all_gather_object(everyone, mine)

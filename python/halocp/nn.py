@@ -49,7 +49,7 @@ class _Config:
         self.groups, self.left, self.right, self.group = layer.groups, layer.left, layer.right, layer.group
 
     def conv(self, x, weight, bias):
-        return F.conv3d(x, weight, bias, self.stride, self.padding, self.dilation, self.groups)
+        return _conv(x, weight, bias, self.stride, self.padding, self.dilation, self.groups)
 
     def output_shape(self, x, weight):
         """The layer's output shape for shard x (as many frames as x; the
@@ -62,8 +62,7 @@ class _Config:
 
     def conv_backward(self, grad, x, weight, mask):
         """(grad_x, grad_weight, None) of conv(x, weight) for grad; mask says which."""
-        return torch.ops.aten.convolution_backward(grad, x, weight, None, self.stride, self.padding, self.dilation,
-                                                   False, (0, 0, 0), self.groups, mask)
+        return _conv_backward(grad, x, weight, self.stride, self.padding, self.dilation, self.groups, mask)
 
 
 def _padded_frames(t, frames):
@@ -328,23 +327,56 @@ def _takes_slow_conv3d(x, weight, stride, dilation, groups):
     return not (kh > 3 and kw > 3) and x.shape[1] * x.shape[2] * x.shape[3] <= _ONEDNN_BATCH_ONE
 
 
+def _halves(x, weight, stride, padding, dilation, groups):
+    """(h, n_out, start, length) of _conv's two halves of x: h output
+    frames each, the second's first 2h - n_out the first's last ones again,
+    reading x[:length] and x[start:start + length]; None where x is not
+    split (torch's own kernel is oneDNN already, or one output frame)."""
+    if x.dim() != 5 or padding[0] != 0 or not _takes_slow_conv3d(x, weight, stride, dilation, groups):
+        return None
+    st, e = stride[0], dilation[0] * (weight.shape[2] - 1)
+    n_out = (x.shape[2] - e - 1) // st + 1
+    if n_out < 2:
+        return None
+    h = (n_out + 1) // 2  # outputs 0 .. h-1 and n_out-h .. n_out-1
+    return h, n_out, (n_out - h) * st, (h - 1) * st + e + 1
+
+
+def _conv_backward(grad, x, weight, stride, padding, dilation, groups, mask):
+    """aten.convolution_backward(grad, x, weight, ...) without a bias
+    gradient (None in its place), by _conv's halves where it splits x: the
+    second half's repeated frames get no gradient, so that each output's
+    counts once."""
+    split = _halves(x, weight, stride, padding, dilation, groups)
+    if split is None:
+        return torch.ops.aten.convolution_backward(grad, x, weight, None, stride, padding, dilation, False,
+                                                   [0] * len(stride), groups, mask)
+    h, n_out, start, length = split
+    halves = torch.cat([x.narrow(2, 0, length), x.narrow(2, start, length)], 0)
+    grads = torch.cat([grad.narrow(2, 0, h), grad.narrow(2, n_out - h, h)], 0)
+    grads[1:, :, :2 * h - n_out].zero_()
+    grad_halves, grad_w, _ = torch.ops.aten.convolution_backward(
+        grads, halves, weight, None, stride, padding, dilation, False, [0] * len(stride), groups, mask)
+    grad_x = None
+    if mask[0]:
+        grad_x = grad_halves.new_zeros(x.shape)
+        grad_x.narrow(2, 0, length).copy_(grad_halves[:1])
+        grad_x.narrow(2, start, length).add_(grad_halves[1:])
+    return grad_x, grad_w, None
+
+
 def _conv(x, weight, bias, stride, padding, dilation, groups):
     """torch's convolution of x (2-d or 3-d by x), where a 3-d one would take
     slow_conv3d as two overlapping halves of its output frames, convolved
     as a batch of two (oneDNN's) and put back together: the same
     arithmetic per output, one output frame twice when their count is odd,
-    a copy of the input and of the output more. Autograd's: the backward
-    takes oneDNN too."""
-    nsp = x.dim() - 2
-    if nsp != 3 or padding[0] != 0 or not _takes_slow_conv3d(x, weight, stride, dilation, groups):
-        return _CONV[nsp](x, weight, bias, stride, padding, dilation, groups)
-    st, e = stride[0], dilation[0] * (weight.shape[2] - 1)
-    n_out = (x.shape[2] - e - 1) // st + 1
-    if n_out < 2:
-        return F.conv3d(x, weight, bias, stride, padding, dilation, groups)
-    h = (n_out + 1) // 2  # outputs 0 .. h-1 and n_out-h .. n_out-1
-    length = (h - 1) * st + e + 1
-    halves = torch.cat([x.narrow(2, 0, length), x.narrow(2, (n_out - h) * st, length)], 0)
+    a copy of the input and of the output more (_halves). Autograd's: the
+    backward takes oneDNN too."""
+    split = _halves(x, weight, stride, padding, dilation, groups)
+    if split is None:
+        return _CONV[x.dim() - 2](x, weight, bias, stride, padding, dilation, groups)
+    h, n_out, start, length = split
+    halves = torch.cat([x.narrow(2, 0, length), x.narrow(2, start, length)], 0)
     first, second = F.conv3d(halves, weight, bias, stride, padding, dilation, groups).unbind(0)
     return torch.cat([first, second.narrow(1, 2 * h - n_out, n_out - h)], 1).unsqueeze(0)
 

@@ -455,7 +455,7 @@ KERNEL_SPLITS = {1: [20], 2: [9, 12], 3: [7, 0, 13], 4: [5, 6, 1, 9]}
 
 def scenario_conv_kernels():
     """Issue 32: the temporal convolutions (the padded path: replicate in
-    time, stride 1 and 2) keep torch's oneDNN kernels on float32 shards of a
+    time, stride 1 and 2; the fused one: zeros) keep torch's oneDNN kernels on float32 shards of a
     batch of one, where torch would take slow_conv3d (10-15x slower), and
     still give the whole clip's outputs and gradients (float64 oracle).
     torch.profiler names the kernels; one thread, as each rank of a CP run."""
@@ -467,15 +467,17 @@ def scenario_conv_kernels():
     torch.set_num_threads(1)
     try:
         # (frames-major: (N, T, C, H, W) in memory, as a per-frame 2-d layer's output viewed back as 3-d)
-        for i, (cls, stride, frames_major) in enumerate([
-                (halocp.nn.CausalConv3d, 1, False), (halocp.nn.CenteredConv3d, 1, False),
-                (halocp.nn.CausalConv3d, (2, 1, 1), False), (halocp.nn.CausalConv3d, 1, True)]):
+        # (zeros in time: the fused path, which convolves the shard and the halos' windows apart)
+        for i, (cls, stride, tmode, frames_major) in enumerate([
+                (halocp.nn.CausalConv3d, 1, "replicate", False), (halocp.nn.CenteredConv3d, 1, "replicate", False),
+                (halocp.nn.CausalConv3d, (2, 1, 1), "replicate", False), (halocp.nn.CausalConv3d, 1, "replicate", True),
+                (halocp.nn.CausalConv3d, 1, "zeros", False), (halocp.nn.CenteredConv3d, 1, "zeros", True)]):
             torch.manual_seed(900 + i)
-            layer = cls(16, 8, 3, stride=stride, padding=1, temporal_padding_mode="replicate")
+            layer = cls(16, 8, 3, stride=stride, padding=1, temporal_padding_mode=tmode)
             full = torch.nn.Conv3d(16, 8, 3, layer.stride, (0, 1, 1), dtype=torch.float64)
             full.load_state_dict(layer.state_dict())
             xg = torch.randn(1, 16, sum(lengths), 32, 32, dtype=torch.float64, requires_grad=True)
-            yg = full(F.pad(xg, (0, 0, 0, 0, layer.left, layer.right), "replicate"))
+            yg = full(F.pad(xg, (0, 0, 0, 0, layer.left, layer.right), "constant" if tmode == "zeros" else tmode))
             gg = torch.randn_like(yg)
             yg.backward(gg)
             x = shard(xg.detach(), lengths).float()
