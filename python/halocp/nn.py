@@ -314,7 +314,10 @@ _ONEDNN_BATCH_ONE = 20480
 def _takes_slow_conv3d(x, weight, stride, dilation, groups):
     """Whether torch would convolve x with slow_conv3d where a batch of two
     would take oneDNN (the rule above; a 1x1 spatial kernel on one thread
-    takes slow_conv3d whatever the batch)."""
+    takes slow_conv3d whatever the batch). Never in a traced graph: the
+    compiler picks its kernels (and dynamo refuses the backend queries)."""
+    if is_compiling():
+        return False
     if x.dim() != 5 or x.shape[0] != 1 or x.device.type != "cpu" or groups != 1:
         return False
     if x.dtype != torch.float32 or weight.dtype != torch.float32 or torch.is_autocast_enabled("cpu"):
