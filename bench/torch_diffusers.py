@@ -20,6 +20,15 @@ Two variants, with the same weights:
   halocp       the converted VAE on --world ranks of --threads threads each,
                each rank its shard
 
+  halocp-old   (--old NAME...) the converted VAE with halocp's speed fixes
+               NAME undone (OLD lists them): the path before a fix, timed
+               against the one after in the same run
+
+--profile prints torch.profiler's table of one step by op and input shape
+instead: one process on the whole clip at --world and at --threads threads,
+one process on rank 0's shard alone (the same work less the halos, on the
+unpatched model), and each halocp rank.
+
 Steps run back to back, in rounds alternating the variants; the time is the
 median step of the slowest rank. The halocp row breaks its step down on the
 slowest rank: time inside libhalo's exchange calls (start, wait, run: a rank
@@ -128,6 +137,32 @@ class Phases:
         setattr(owner, name, staticmethod(timed) if static else timed)
 
 
+# --old: halocp's speed fixes, each undone by a patch of the module that
+# holds it, to time the path before it against the one after in one run.
+OLD = {
+    # halocp.nn._conv: a batch-of-one conv3d that torch would give slow_conv3d, as a batch of two halves
+    "split": ("halocp.nn", "_takes_slow_conv3d", lambda *args: False),
+}
+
+
+class undone:
+    """The fixes named, undone while inside (see OLD)."""
+
+    def __init__(self, names):
+        import importlib
+
+        self.patches = [(importlib.import_module(OLD[n][0]), OLD[n][1], OLD[n][2]) for n in names]
+
+    def __enter__(self):
+        self.saved = [getattr(m, a) for m, a, _ in self.patches]
+        for m, a, v in self.patches:
+            setattr(m, a, v)
+
+    def __exit__(self, *exc):
+        for (m, a, _), v in zip(self.patches, self.saved):
+            setattr(m, a, v)
+
+
 def run_rank(args) -> int:
     import torch
     import torch.distributed as dist
@@ -168,14 +203,21 @@ def run_rank(args) -> int:
         with torch.no_grad():
             return model.decode(latents).sample
 
-    def variant(name, op):
+    def variant(name, op, threads=None):
         one = name == "one-process"
         if one and rank:
             return None
-        torch.set_num_threads(world * args.threads if one else args.threads)
+        torch.set_num_threads(threads or (world * args.threads if one else args.threads))
+        if name == "halocp-old":
+            with undone(args.old):
+                return train(sharded, x_local, g_local) if op == "train" else decode(sharded, z_local)
         if op == "train":
             return train(whole, clip, (gz, gy)) if one else train(sharded, x_local, g_local)
         return decode(whole, z) if one else decode(sharded, z_local)
+
+    if args.profile:
+        shard = lambda: train(whole, x_local, g_local) if args.profile_op == "train" else decode(whole, z_local)
+        return profile(args, torch, variant, shard, rank, world)
 
     # Correctness first: the ranks' decoded frames against one process's.
     want = [variant("one-process", "decode") if rank == 0 else None]
@@ -191,25 +233,27 @@ def run_rank(args) -> int:
             memory[name] = measure_memory(torch, TorchDispatchMode, tree_map, lambda: variant(name, "train"))
         dist.barrier()
 
-    times = {(op, name): [] for op in args.ops for name in ("one-process", "halocp")}
-    spent = {op: defaultdict(list) for op in args.ops}
+    names = ("one-process", "halocp") + (("halocp-old",) if args.old else ())
+    times = {(op, name): [] for op in args.ops for name in names}
+    spent = {(op, name): defaultdict(list) for op in args.ops for name in names[1:]}
     for _ in range(args.rounds):
         for op, name in times:
             dist.barrier()
             for _ in range(args.iters):
                 phases.spent.clear()
-                phases.on = name == "halocp"
+                phases.on = name != "one-process"
                 t0 = time.perf_counter()
                 variant(name, op)
                 times[op, name].append(time.perf_counter() - t0)
                 phases.on = False
-                if name == "halocp":
+                if name != "one-process":
                     for kind in ("exchanges", "norm collectives", "shard tables"):
-                        spent[op][kind].append(phases.spent[kind])
+                        spent[op, name][kind].append(phases.spent[kind])
             dist.barrier()
 
     mine = dict(times={f"{op} {name}": statistics.median(v) for (op, name), v in times.items()},
-                spent={op: {k: statistics.median(v) for k, v in d.items()} for op, d in spent.items()},
+                spent={f"{op} {name}": {k: statistics.median(v) for k, v in d.items()}
+                       for (op, name), d in spent.items()},
                 memory=memory, diff=diff, frames=split.lengths[rank])
     everyone = [None] * world
     dist.all_gather_object(everyone, mine)
@@ -218,6 +262,52 @@ def run_rank(args) -> int:
         report(everyone, args, split, ok)
     dist.destroy_process_group()
     return 0 if ok else 1
+
+
+def profile(args, torch, variant, rank0_shard, rank, world):
+    """--profile: torch.profiler's table of one step by op and input shapes,
+    for one process on the whole clip (--world * --threads threads, then
+    --threads), one process on rank 0's shard alone (--threads: the same
+    work as rank 0 less the halos, on the unpatched model), and every
+    rank of halocp. The tables go to stdout, one after the other."""
+    import torch.distributed as dist
+    from torch.profiler import ProfilerActivity, profile as torch_profile
+
+    op, rows = args.profile_op, args.profile_rows
+    runs = [(f"one-process, {world * args.threads} threads, whole clip", lambda: variant("one-process", op)),
+            (f"one-process, {args.threads} thread(s), whole clip",
+             lambda: variant("one-process", op, threads=args.threads)),
+            (f"one-process, {args.threads} thread(s), rank 0's shard", rank0_shard)]
+    tables = []
+    for name, fn in runs:
+        if rank == 0:
+            torch.set_num_threads(args.threads)  # (rank0_shard's; the variants set their own)
+            fn()  # warm
+            tables.append((name, _profiled(torch, torch_profile, ProfilerActivity, fn, rows)))
+        dist.barrier()
+    variant("halocp", op)
+    dist.barrier()
+    mine = _profiled(torch, torch_profile, ProfilerActivity, lambda: variant("halocp", op), rows)
+    everyone = [None] * world
+    dist.all_gather_object(everyone, mine)
+    if rank == 0:
+        for name, table in tables + [(f"halocp rank {r}, {args.threads} thread(s)", t) for r, t in enumerate(everyone)]:
+            print(f"## {args.model} {op}: {name}")
+            print(table)
+    dist.destroy_process_group()
+    return 0
+
+
+def _profiled(torch, torch_profile, activity, fn, rows):
+    import time as _time
+
+    with torch_profile(activities=[activity.CPU], record_shapes=True) as prof:
+        t0 = _time.perf_counter()
+        fn()
+        wall = _time.perf_counter() - t0
+    table = prof.key_averages(group_by_input_shape=True).table(sort_by="self_cpu_time_total", row_limit=rows,
+                                                              max_name_column_width=40, max_shapes_column_width=80)
+    return f"step {wall * 1e3:.1f} ms under the profiler\n{table}"
 
 
 def report(everyone, args, split, ok):
@@ -232,12 +322,17 @@ def report(everyone, args, split, ok):
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for op in args.ops:
         one = everyone[0]["times"][f"{op} one-process"] * 1e3
-        slow = max(range(world), key=lambda i: everyone[i]["times"][f"{op} halocp"])
-        cp = everyone[slow]["times"][f"{op} halocp"] * 1e3
-        s = {k: v * 1e3 for k, v in everyone[slow]["spent"][op].items()}
-        rest = cp - sum(s.values())
-        print(f"| {op} | {one:.1f} | {cp:.1f} | {cp / one:.3f}x | {s['exchanges']:.1f} | {s['norm collectives']:.1f} "
-              f"| {s['shard tables']:.1f} | {rest:.1f} |")
+        for name in ("halocp", "halocp-old") if args.old else ("halocp",):
+            slow = max(range(world), key=lambda i: everyone[i]["times"][f"{op} {name}"])
+            cp = everyone[slow]["times"][f"{op} {name}"] * 1e3
+            s = {k: v * 1e3 for k, v in everyone[slow]["spent"][f"{op} {name}"].items()}
+            rest = cp - sum(s.values())
+            label = op if name == "halocp" else f"{op}, {'+'.join(args.old)} undone"
+            print(f"| {label} | {one:.1f} | {cp:.1f} | {cp / one:.3f}x | {s['exchanges']:.1f} "
+                  f"| {s['norm collectives']:.1f} | {s['shard tables']:.1f} | {rest:.1f} |")
+        if args.old:
+            new, old = (max(e["times"][f"{op} {n}"] for e in everyone) for n in ("halocp", "halocp-old"))
+            print(f"# {op}: halocp / halocp with {'+'.join(args.old)} undone: {new / old:.3f}x")
     one = everyone[0]["memory"]["one-process"]
     cp = max((e["memory"]["halocp"] for e in everyone), key=lambda m: m["saved"])
     print(f"# autograd saved per rank: halocp {mib(cp['saved']):.1f} MiB (largest rank), one process "
@@ -257,6 +352,12 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3, help="rounds alternating the variants (default 3)")
     ap.add_argument("--iters", type=int, default=2, help="steps per variant per round (default 2)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads per rank (default 1)")
+    ap.add_argument("--old", nargs="+", default=[], choices=sorted(OLD),
+                    help="also time halocp with these fixes undone (halocp-old), alternating with the others")
+    ap.add_argument("--profile", action="store_true",
+                    help="print torch.profiler's table of one step per variant instead of timing (see profile)")
+    ap.add_argument("--profile-op", default="train", choices=("train", "decode"))
+    ap.add_argument("--profile-rows", type=int, default=25)
     ap.add_argument("--deadline", type=float, default=1800, help="seconds before the launcher stops the ranks")
     args = ap.parse_args()
     if "RANK" in __import__("os").environ:

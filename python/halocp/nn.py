@@ -49,7 +49,7 @@ class _Config:
         self.groups, self.left, self.right, self.group = layer.groups, layer.left, layer.right, layer.group
 
     def conv(self, x, weight, bias):
-        return F.conv3d(x, weight, bias, self.stride, self.padding, self.dilation, self.groups)
+        return _conv(x, weight, bias, self.stride, self.padding, self.dilation, self.groups)
 
     def output_shape(self, x, weight):
         """The layer's output shape for shard x (as many frames as x; the
@@ -62,8 +62,7 @@ class _Config:
 
     def conv_backward(self, grad, x, weight, mask):
         """(grad_x, grad_weight, None) of conv(x, weight) for grad; mask says which."""
-        return torch.ops.aten.convolution_backward(grad, x, weight, None, self.stride, self.padding, self.dilation,
-                                                   False, (0, 0, 0), self.groups, mask)
+        return _conv_backward(grad, x, weight, self.stride, self.padding, self.dilation, self.groups, mask)
 
 
 def _autocast_inputs(*tensors):
@@ -317,6 +316,87 @@ class _NoOutput(torch.autograd.Function):
 
 _CONV = {2: F.conv2d, 3: F.conv3d}
 
+# torch's CPU conv3d (PyTorch 2.15, ConvParams::use_mkldnn) takes oneDNN for
+# float32 with a batch of more than one, but for a batch of one with a 3x3
+# (or smaller) kernel only when N*C*T*H passes this, and its unfolding
+# kernel slow_conv3d otherwise: 10-15x slower forward and backward on one
+# thread, and shards of a clip fall under it (LTX-Video's (1, 16, 35, 32, 32)
+# with its halos: 130 ms a convolution and its backward, against 10 ms).
+_ONEDNN_BATCH_ONE = 20480
+
+
+def _takes_slow_conv3d(x, weight, stride, dilation, groups):
+    """Whether torch would convolve x with slow_conv3d where a batch of two
+    would take oneDNN (the rule above; a 1x1 spatial kernel on one thread
+    takes slow_conv3d whatever the batch). Never in a traced graph: the
+    compiler picks its kernels (and dynamo refuses the backend queries)."""
+    if is_compiling():
+        return False
+    if x.dim() != 5 or x.shape[0] != 1 or x.device.type != "cpu" or groups != 1:
+        return False
+    if x.dtype != torch.float32 or weight.dtype != torch.float32 or torch.is_autocast_enabled("cpu"):
+        return False
+    if not torch.backends.mkldnn.is_available() or not torch.backends.mkldnn.enabled:
+        return False
+    kh, kw = weight.shape[3:]
+    if kh == 1 and kw == 1 and torch.get_num_threads() == 1 and max(stride) == 1 and max(dilation) == 1:
+        return False
+    return not (kh > 3 and kw > 3) and x.shape[1] * x.shape[2] * x.shape[3] <= _ONEDNN_BATCH_ONE
+
+
+def _halves(x, weight, stride, padding, dilation, groups):
+    """(h, n_out, start, length) of _conv's two halves of x: h output
+    frames each, the second's first 2h - n_out the first's last ones again,
+    reading x[:length] and x[start:start + length]; None where x is not
+    split (torch's own kernel is oneDNN already, or one output frame)."""
+    if x.dim() != 5 or padding[0] != 0 or not _takes_slow_conv3d(x, weight, stride, dilation, groups):
+        return None
+    st, e = stride[0], dilation[0] * (weight.shape[2] - 1)
+    n_out = (x.shape[2] - e - 1) // st + 1
+    if n_out < 2:
+        return None
+    h = (n_out + 1) // 2  # outputs 0 .. h-1 and n_out-h .. n_out-1
+    return h, n_out, (n_out - h) * st, (h - 1) * st + e + 1
+
+
+def _conv_backward(grad, x, weight, stride, padding, dilation, groups, mask):
+    """aten.convolution_backward(grad, x, weight, ...) without a bias
+    gradient (None in its place), by _conv's halves where it splits x: the
+    second half's repeated frames get no gradient, so that each output's
+    counts once."""
+    split = _halves(x, weight, stride, padding, dilation, groups)
+    if split is None:
+        return torch.ops.aten.convolution_backward(grad, x, weight, None, stride, padding, dilation, False,
+                                                   [0] * len(stride), groups, mask)
+    h, n_out, start, length = split
+    halves = torch.cat([x.narrow(2, 0, length), x.narrow(2, start, length)], 0)
+    grads = torch.cat([grad.narrow(2, 0, h), grad.narrow(2, n_out - h, h)], 0)
+    grads[1:, :, :2 * h - n_out].zero_()
+    grad_halves, grad_w, _ = torch.ops.aten.convolution_backward(
+        grads, halves, weight, None, stride, padding, dilation, False, [0] * len(stride), groups, mask)
+    grad_x = None
+    if mask[0]:
+        grad_x = grad_halves.new_zeros(x.shape)
+        grad_x.narrow(2, 0, length).copy_(grad_halves[:1])
+        grad_x.narrow(2, start, length).add_(grad_halves[1:])
+    return grad_x, grad_w, None
+
+
+def _conv(x, weight, bias, stride, padding, dilation, groups):
+    """torch's convolution of x (2-d or 3-d by x), where a 3-d one would take
+    slow_conv3d as two overlapping halves of its output frames, convolved
+    as a batch of two (oneDNN's) and put back together: the same
+    arithmetic per output, one output frame twice when their count is odd,
+    a copy of the input and of the output more (_halves). Autograd's: the
+    backward takes oneDNN too."""
+    split = _halves(x, weight, stride, padding, dilation, groups)
+    if split is None:
+        return _CONV[x.dim() - 2](x, weight, bias, stride, padding, dilation, groups)
+    h, n_out, start, length = split
+    halves = torch.cat([x.narrow(2, 0, length), x.narrow(2, start, length)], 0)
+    first, second = F.conv3d(halves, weight, bias, stride, padding, dilation, groups).unbind(0)
+    return torch.cat([first, second.narrow(1, 2 * h - n_out, n_out - h)], 1).unsqueeze(0)
+
 
 def _sharded_conv(layer, x, pads, sharded):
     """layer's convolution of shard x: pads is (left, right) padding per
@@ -356,7 +436,7 @@ def _sharded_conv(layer, x, pads, sharded):
         dtype = result_dtype(lambda p: _CONV[nsp](p, layer.weight, layer.bias, *conv), x, layer.weight.shape[2:],
                              layer.dilation)
         return _NoOutput.apply(x, layer.weight, layer.bias, out_shape, dtype)
-    return _CONV[nsp](window, layer.weight, layer.bias, *conv)
+    return _conv(window, layer.weight, layer.bias, *conv)
 
 
 def _padding_modes(layer, nsp):

@@ -448,6 +448,58 @@ def scenario_temporal_padding():
             close(summed(layer.bias.grad), full.bias.grad, 1e-12, f"{what}: bias grad")
 
 
+# Shards of a float32 activation whose every rank with two outputs or more
+# falls under torch's batch-of-one cut to slow_conv3d (C*T*H <= 20480).
+KERNEL_SPLITS = {1: [20], 2: [9, 12], 3: [7, 0, 13], 4: [5, 6, 1, 9]}
+
+
+def scenario_conv_kernels():
+    """Issue 32: the temporal convolutions (the padded path: replicate in
+    time, stride 1 and 2; the fused one: zeros) keep torch's oneDNN kernels on float32 shards of a
+    batch of one, where torch would take slow_conv3d (10-15x slower), and
+    still give the whole clip's outputs and gradients (float64 oracle).
+    torch.profiler names the kernels; one thread, as each rank of a CP run."""
+    import torch.nn.functional as F
+    from torch.profiler import profile
+
+    lengths = KERNEL_SPLITS[ranks.WORLD]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        # (frames-major: (N, T, C, H, W) in memory, as a per-frame 2-d layer's output viewed back as 3-d)
+        # (zeros in time: the fused path, which convolves the shard and the halos' windows apart)
+        for i, (cls, stride, tmode, frames_major) in enumerate([
+                (halocp.nn.CausalConv3d, 1, "replicate", False), (halocp.nn.CenteredConv3d, 1, "replicate", False),
+                (halocp.nn.CausalConv3d, (2, 1, 1), "replicate", False), (halocp.nn.CausalConv3d, 1, "replicate", True),
+                (halocp.nn.CausalConv3d, 1, "zeros", False), (halocp.nn.CenteredConv3d, 1, "zeros", True)]):
+            torch.manual_seed(900 + i)
+            layer = cls(16, 8, 3, stride=stride, padding=1, temporal_padding_mode=tmode)
+            full = torch.nn.Conv3d(16, 8, 3, layer.stride, (0, 1, 1), dtype=torch.float64)
+            full.load_state_dict(layer.state_dict())
+            xg = torch.randn(1, 16, sum(lengths), 32, 32, dtype=torch.float64, requires_grad=True)
+            yg = full(F.pad(xg, (0, 0, 0, 0, layer.left, layer.right), "constant" if tmode == "zeros" else tmode))
+            gg = torch.randn_like(yg)
+            yg.backward(gg)
+            x = shard(xg.detach(), lengths).float()
+            if frames_major:
+                x = x.transpose(1, 2).contiguous().transpose(1, 2)
+            x.requires_grad_()
+            s, a, n = layer.stride[0], offsets(lengths)[ranks.RANK], lengths[ranks.RANK]
+            first, count = -(-a // s), -(-(a + n) // s) - -(-a // s)
+            with profile() as prof:
+                y = layer(x)
+                y.backward(gg.narrow(2, first, count).float())
+            what = f"{layer} over {lengths}, float32{', frames-major' if frames_major else ''}"
+            slow = sorted({e.key for e in prof.key_averages() if "slow_conv3d" in e.key})
+            expect(count < 2 or not slow, f"{what}: rank {ranks.RANK} ({count} output frames) ran {slow}")
+            close(y, yg.detach().narrow(2, first, count), 1e-5, f"{what}: output")
+            close(x.grad, shard(xg.grad, lengths), 1e-5, f"{what}: input grad")
+            close(summed(layer.weight.grad), full.weight.grad, 1e-5, f"{what}: weight grad")
+            close(summed(layer.bias.grad), full.bias.grad, 1e-5, f"{what}: bias grad")
+    finally:
+        torch.set_num_threads(threads)
+
+
 def scenario_pooling():
     """AvgPool3d and MaxPool3d over a sharded T (CogVideoX's pairwise
     temporal average, padded, strided and dilated windows), uneven and

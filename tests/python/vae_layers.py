@@ -17,8 +17,8 @@ import pytest
 from launcher import expect_scenario, launch
 
 HERE = Path(__file__).resolve().parent
-SCENARIOS = ["halo_sum", "groupnorm", "norm_mismatch", "transpose", "subgroups", "temporal_padding", "pooling", "vae",
-             "attention"]
+SCENARIOS = ["halo_sum", "groupnorm", "norm_mismatch", "transpose", "subgroups", "temporal_padding", "conv_kernels",
+             "pooling", "vae", "attention"]
 
 
 @pytest.fixture(scope="module", params=[1, 2, 3, 4], ids=lambda w: f"W{w}")
