@@ -240,15 +240,15 @@ class _Layout:
             return _lib.stream_handle(torch.cuda.current_stream(self.device).cuda_stream)
         return _FAKE_STREAM
 
-    def _start(self, call, *buffers) -> _inflight.Pending:
+    def _start(self, direction, *buffers) -> _inflight.Pending:
         """Start the plan's exchange of the buffers, after the work queued
         so far: direct, ordered on the current stream (the caller is not
         blocked; for CPU tensors the host waits at the finish as well);
         staged, once the stream has run it, on the host."""
         if not self.direct:
             self._ready()
-            return _inflight.start(self.plan, call, *buffers)
-        pending = _inflight.start(self.plan, call, *buffers, stream=self._stream(), waiter=self._stream,
+            return _inflight.start(self.plan, direction, *buffers)
+        pending = _inflight.start(self.plan, direction, *buffers, stream=self._stream(), waiter=self._stream,
                                   host_wait=not self.cuda)
         if self.plan is not self.agreed:
             # A plan's first exchange agrees on it with the other ranks, and
@@ -279,7 +279,7 @@ class _Layout:
             self.lh.zero_()
             self.rh.zero_()
         try:
-            self.fwd = self._start(_inflight.HALOS_FORWARD, self.x, self.lh, self.rh)
+            self.fwd = self._start(_inflight.FORWARD, self.x, self.lh, self.rh)
         except _Refused:
             self._allocate(direct=False)
             return self.start_halos(x)
@@ -323,7 +323,7 @@ class _Layout:
             for src, dst in slabs:
                 self._copy(dst, src)
         try:
-            pending = self._start(_inflight.HALOS_BACKWARD, self.gl, self.gr, self.gx)
+            pending = self._start(_inflight.BACKWARD, self.gl, self.gr, self.gx)
         except _Refused:
             self._allocate(direct=False)
             return self.start_add(grad_left, grad_right, grad_x)
