@@ -130,7 +130,14 @@ def reap(comm) -> None:
     """Free the requests of the stream-ordered exchanges on comm that were
     waited for on a stream and have ended since. One that failed did so
     after its results were handed to the stream: its failure is raised here,
-    by the next exchange halocp starts on the communicator."""
+    by the next exchange halocp starts on the communicator.
+
+    Why not halo_request_free at the stream's wait (the library would
+    release the request when it ends, and the tensors could be kept by the
+    caching allocator's record_stream): a freed request's result is
+    nobody's. The next call would fail with the communicator's failure,
+    but nothing could say that the results a stream already read were not
+    valid (ranks_cuda.py's scenario_failed_after_wait)."""
     failed, waited = None, comm.waited
     # The proxy runs a communicator's exchanges in the order they were
     # started: the first one that has not ended ends the look.

@@ -453,7 +453,8 @@ class Plan:
         """Release a request that has ended (finished or failed); False,
         and the request kept, when its exchange has not ended yet: the
         library would release a live request when it ends, but the tensors
-        it may still touch are Python's, kept alive by the caller until then."""
+        it may still touch are Python's, kept alive by the caller until then,
+        and its failure would be told to nobody (see _inflight.reap)."""
         done = ctypes.c_int(0)
         with self.comm.lock:
             if lib().halo_request_test(request, ctypes.byref(done)) == SUCCESS and not done.value:
