@@ -239,6 +239,8 @@ def _declare(lib: ctypes.CDLL) -> None:
         "halo_comm_destroy": ([vp], c_int),
         "halo_plan_create": ([vp, ctypes.POINTER(PlanParams), ctypes.POINTER(vp)], c_int),
         "halo_comm_abort": ([vp], c_int),
+        # Not halocp's: the GPU check's stream test (tests/gpu) calls it through lib().
+        "halo_plan_create_multi": ([vp, c_int, ctypes.POINTER(PlanParams), ctypes.POINTER(vp)], c_int),
         "halo_plan_destroy": ([vp], c_int),
         "halo_comm_memory_types": ([vp, ctypes.POINTER(ctypes.c_uint64)], c_int),
         "halo_exchange_start": ([vp, c_int, ctypes.POINTER(vp), sz, vp, ctypes.POINTER(vp)], c_int),
