@@ -49,7 +49,7 @@ func TestRendezvousAndExchange(t *testing.T) {
 		for i := range x {
 			x[i] = float64(10*r + i)
 		}
-		if err := p.Forward(unsafe.Pointer(&x[0]), unsafe.Pointer(&out[0])); err != nil {
+		if err := p.Do(halo.CallForward, true, unsafe.Pointer(&x[0]), unsafe.Pointer(&out[0]), nil); err != nil {
 			return err
 		}
 		want := []float64{0, 0, 1, 2, 10}

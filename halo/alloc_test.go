@@ -24,10 +24,10 @@ func TestForwardBackwardDoNotAllocate(t *testing.T) {
 	gx := make([]uint16, len(x))
 	xp, op, gp := unsafe.Pointer(&x[0]), unsafe.Pointer(&out[0]), unsafe.Pointer(&gx[0])
 	if n := testing.AllocsPerRun(100, func() {
-		if err := p.Forward(xp, op); err != nil {
+		if err := p.Do(CallForward, true, xp, op, nil); err != nil {
 			t.Fatal(err)
 		}
-		if err := p.Backward(op, gp); err != nil {
+		if err := p.Do(CallBackward, true, op, gp, nil); err != nil {
 			t.Fatal(err)
 		}
 	}); n != 0 {

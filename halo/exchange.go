@@ -9,44 +9,6 @@ import (
 	"github.com/halo-cp/halo/halo/transport"
 )
 
-// Direction is one of a plan's two exchanges.
-type Direction int
-
-const (
-	DirForward  Direction = 0
-	DirBackward Direction = 1
-)
-
-// dirCall is one direction's call on a plan, from its start to its end.
-type dirCall struct {
-	p         *Plan
-	d         Direction
-	what      string
-	inFlight  bool // started and not yet finished by a Wait or Test of the caller
-	halos     bool
-	seq       uint64              // the call's number (see Group.tag)
-	args      [3][]unsafe.Pointer // the caller's tensors: per argument, one per layout
-	ptrs      []unsafe.Pointer    // the same as an instance's fixed bases
-	inst      *instance           // what the attempt runs; nil: notes only (no agreed instance)
-	agreed    bool                // the call has agreed once (a second disagreement is a bug)
-	note      transport.Batch     // see Plan.notes
-	noteRecvs []recvInfo
-
-	// Where the call stands (progress), the same whichever call moved it:
-	arrived bool       // the attempt's messages have all come
-	ready   bool       // and every peer ran the same instance: only the local completion is left
-	ag      *agreement // the agreement in progress after an attempt that differed
-	err     error      // the call ended with this; its caller's Wait or Test returns it
-	moves   int        // stages passed, for Group.block's deadline
-}
-
-func (dc *dirCall) phase() int {
-	if dc.d == DirBackward {
-		return phaseBackward
-	}
-	return phaseForward
-}
-
 func (p *Plan) dir(d Direction) (*dirCall, error) {
 	switch d {
 	case DirForward:
@@ -60,16 +22,30 @@ func (p *Plan) dir(d Direction) (*dirCall, error) {
 // Call names one of a plan's exchanges, for callers that dispatch on it.
 type Call int
 
+// Each call's tensors, in the order Do takes them:
 const (
-	CallForward       Call = iota // x, out
-	CallBackward                  // grad_out, grad_x
-	CallHalosForward              // x, left, right
-	CallHalosBackward             // grad_left, grad_right, grad_x
+	// x, out: fills out = [left halo | x | right halo] along dim. x may be
+	// the interior of out (same strides, at slice Left): then it is not
+	// copied.
+	CallForward Call = iota
+	// grad_out, grad_x: grad_x = the interior of grad_out + the gradients
+	// of x's slices that other ranks used as halo. grad_x may be the
+	// interior of grad_out.
+	CallBackward
+	// x, left, right: fills a halos-only plan's left and right tensors with
+	// the slices before and after x in the global sequence.
+	CallHalosForward
+	// grad_left, grad_right, grad_x: sends the halo gradients and adds the
+	// neighbours' gradients of x's slices into grad_x, which holds the rest
+	// of x's gradient already.
+	CallHalosBackward
 )
 
-// Do runs call c with the tensors of its blocking form, in that order (t2
-// unused by the padded calls); without wait it only starts it (see
-// ForwardStart). The named methods below are Do with their call.
+// Do runs call c with its tensors in that order (t2 unused by the padded
+// calls). Without wait it only begins the exchange: it returns once the
+// messages are posted and the local work that needs nothing from the wire
+// is done, and Test or Wait finishes it. One exchange per direction may be
+// in flight; the caller's tensors belong to it until it completes.
 func (p *Plan) Do(c Call, wait bool, t0, t1, t2 unsafe.Pointer) error {
 	if len(p.specs) != 1 {
 		return fmt.Errorf("%w: rank %d: plan %d has %d layouts: pass one tensor per layout (the multi calls)", ErrInvalid, p.g.Rank(), p.id, len(p.specs))
@@ -379,50 +355,6 @@ func (p *Plan) failed(dc *dirCall, err error) error {
 	return dc.err
 }
 
-// Forward fills out = [left halo | x | right halo] along dim. x may be the
-// interior of out (same strides, at slice Left): then it is not copied.
-func (p *Plan) Forward(x, out unsafe.Pointer) error { return p.Do(CallForward, true, x, out, nil) }
-
-// Backward computes grad_x = interior of grad_out + the gradients of x's
-// slices that other ranks used as halo. grad_x may be the interior of
-// grad_out (same strides, at slice Left).
-func (p *Plan) Backward(gradOut, gradX unsafe.Pointer) error {
-	return p.Do(CallBackward, true, gradOut, gradX, nil)
-}
-
-// HalosForward fills the halos-only plan's left and right tensors with the
-// slices before and after x in the global sequence.
-func (p *Plan) HalosForward(x, left, right unsafe.Pointer) error {
-	return p.Do(CallHalosForward, true, x, left, right)
-}
-
-// HalosBackward sends the halo gradients and adds the neighbours' gradients
-// of x's slices into gradX, which holds the rest of x's gradient already.
-func (p *Plan) HalosBackward(gradLeft, gradRight, gradX unsafe.Pointer) error {
-	return p.Do(CallHalosBackward, true, gradLeft, gradRight, gradX)
-}
-
-// ForwardStart, BackwardStart, HalosForwardStart and HalosBackwardStart
-// begin the exchange of their blocking call and return once its messages are
-// posted and the local work that needs nothing from the wire is done; Test or
-// Wait finishes it. One exchange per direction may be in flight; the caller's
-// tensors belong to it until it completes.
-func (p *Plan) ForwardStart(x, out unsafe.Pointer) error {
-	return p.Do(CallForward, false, x, out, nil)
-}
-
-func (p *Plan) BackwardStart(gradOut, gradX unsafe.Pointer) error {
-	return p.Do(CallBackward, false, gradOut, gradX, nil)
-}
-
-func (p *Plan) HalosForwardStart(x, left, right unsafe.Pointer) error {
-	return p.Do(CallHalosForward, false, x, left, right)
-}
-
-func (p *Plan) HalosBackwardStart(gradLeft, gradRight, gradX unsafe.Pointer) error {
-	return p.Do(CallHalosBackward, false, gradLeft, gradRight, gradX)
-}
-
 // Wait finishes the exchange that a start call began, within the group's
 // timeout. While it cannot go on, it progresses the other exchanges in
 // flight on the group, so that ranks may finish them in any order.
@@ -479,41 +411,6 @@ func (p *Plan) Messages(d Direction) int {
 func (p *Plan) InFlight(d Direction) bool {
 	dc, err := p.dir(d)
 	return err == nil && dc.inFlight
-}
-
-// The multi-layout calls take one tensor per layout in each argument, in the
-// order of the layouts given to NewMultiPlan; otherwise they are the calls
-// above.
-func (p *Plan) ForwardMulti(xs, outs []unsafe.Pointer) error {
-	return p.DoMulti(CallForward, true, xs, outs, nil)
-}
-
-func (p *Plan) BackwardMulti(gradOuts, gradXs []unsafe.Pointer) error {
-	return p.DoMulti(CallBackward, true, gradOuts, gradXs, nil)
-}
-
-func (p *Plan) HalosForwardMulti(xs, lefts, rights []unsafe.Pointer) error {
-	return p.DoMulti(CallHalosForward, true, xs, lefts, rights)
-}
-
-func (p *Plan) HalosBackwardMulti(gradLefts, gradRights, gradXs []unsafe.Pointer) error {
-	return p.DoMulti(CallHalosBackward, true, gradLefts, gradRights, gradXs)
-}
-
-func (p *Plan) ForwardMultiStart(xs, outs []unsafe.Pointer) error {
-	return p.DoMulti(CallForward, false, xs, outs, nil)
-}
-
-func (p *Plan) BackwardMultiStart(gradOuts, gradXs []unsafe.Pointer) error {
-	return p.DoMulti(CallBackward, false, gradOuts, gradXs, nil)
-}
-
-func (p *Plan) HalosForwardMultiStart(xs, lefts, rights []unsafe.Pointer) error {
-	return p.DoMulti(CallHalosForward, false, xs, lefts, rights)
-}
-
-func (p *Plan) HalosBackwardMultiStart(gradLefts, gradRights, gradXs []unsafe.Pointer) error {
-	return p.DoMulti(CallHalosBackward, false, gradLefts, gradRights, gradXs)
 }
 
 func (p *Plan) inFlight(dc *dirCall) error {

@@ -35,15 +35,15 @@ func TestStartFinishOrder(t *testing.T) {
 	if err := p.Wait(DirForward); !errors.Is(err, ErrState) {
 		t.Fatalf("wait without start: %v", err)
 	}
-	if err := p.ForwardStart(PtrOf(x), PtrOf(out)); err != nil {
+	if err := p.Do(CallForward, false, PtrOf(x), PtrOf(out), nil); err != nil {
 		t.Fatal(err)
 	}
-	if err := p.ForwardStart(PtrOf(x), PtrOf(out)); !errors.Is(err, ErrState) {
+	if err := p.Do(CallForward, false, PtrOf(x), PtrOf(out), nil); !errors.Is(err, ErrState) {
 		t.Fatalf("second start: %v", err)
 	}
 	// The other direction is independent.
 	gx := make([]float32, 3)
-	if err := p.Backward(PtrOf(out), PtrOf(gx)); err != nil {
+	if err := p.Do(CallBackward, true, PtrOf(out), PtrOf(gx), nil); err != nil {
 		t.Fatalf("backward while a forward is in flight: %v", err)
 	}
 	if err := p.Wait(DirForward); err != nil {
@@ -52,7 +52,7 @@ func TestStartFinishOrder(t *testing.T) {
 	if want := []float32{0, 1, 2, 3, 0}; !slices.Equal(out, want) {
 		t.Fatalf("out %v, want %v", out, want)
 	}
-	if err := p.Forward(PtrOf(x), PtrOf(out)); err != nil || g.Err() != nil {
+	if err := p.Do(CallForward, true, PtrOf(x), PtrOf(out), nil); err != nil || g.Err() != nil {
 		t.Fatalf("forward after the misuse: %v (group: %v)", err, g.Err())
 	}
 }
@@ -69,7 +69,7 @@ func BenchmarkCallOverhead2KiB(b *testing.B) {
 	out := make([]float32, 3*512)
 	x := out[512:1024] // in place
 	for b.Loop() {
-		if err := p.Forward(PtrOf(x), PtrOf(out)); err != nil {
+		if err := p.Do(CallForward, true, PtrOf(x), PtrOf(out), nil); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -66,10 +66,10 @@ func cachedStep(g *Group, cache map[string]*Plan, key string, lengths []int64, L
 	// One element more than needed: PtrOf needs one, even for an empty shard.
 	out, gx := make([]float64, L+n+R+1), make([]float64, n+1)
 	x, gout := append(xs[me], 0), append(gouts[me], 0)
-	if err := p.Forward(PtrOf(x), PtrOf(out)); err != nil {
+	if err := p.Do(CallForward, true, PtrOf(x), PtrOf(out), nil); err != nil {
 		return err
 	}
-	if err := p.Backward(PtrOf(gout), PtrOf(gx)); err != nil {
+	if err := p.Do(CallBackward, true, PtrOf(gout), PtrOf(gx), nil); err != nil {
 		return err
 	}
 	out, gx = out[:L+n+R], gx[:n]
@@ -155,15 +155,17 @@ func TestDisagreementFailsFastAndAlike(t *testing.T) {
 		spec func(rank int) Spec
 		want string
 	}{
-		{"dtype", func(g *Group, p *Plan) error { return p.Forward(PtrOf(make([]float64, 4)), PtrOf(make([]float64, 8))) },
+		{"dtype", func(g *Group, p *Plan) error {
+			return p.Do(CallForward, true, PtrOf(make([]float64, 4)), PtrOf(make([]float64, 8)), nil)
+		},
 			func(r int) Spec {
 				return Spec{DType: []DType{Float64, Float32}[r], Shape: []int64{4}, Dim: 0, Left: 2, Right: 2}
 			}, "dtype: float64 on rank 0, float32 on rank 1"},
 		{"direction", func(g *Group, p *Plan) error {
 			if g.Rank() == 0 {
-				return p.Forward(PtrOf(make([]float64, 4)), PtrOf(make([]float64, 8)))
+				return p.Do(CallForward, true, PtrOf(make([]float64, 4)), PtrOf(make([]float64, 8)), nil)
 			}
-			return p.Backward(PtrOf(make([]float64, 8)), PtrOf(make([]float64, 4)))
+			return p.Do(CallBackward, true, PtrOf(make([]float64, 8)), PtrOf(make([]float64, 4)), nil)
 		}, func(r int) Spec { return Spec{DType: Float64, Shape: []int64{4}, Dim: 0, Left: 2, Right: 2} },
 			"call: forward on rank 0, backward on rank 1"},
 		// Tensors checked after the agreement (a deferred plan has no
@@ -174,7 +176,7 @@ func TestDisagreementFailsFastAndAlike(t *testing.T) {
 			if g.Rank() == 1 {
 				x = nil
 			}
-			err := p.Forward(x, PtrOf(make([]float64, 8)))
+			err := p.Do(CallForward, true, x, PtrOf(make([]float64, 8)), nil)
 			if !errors.Is(err, ErrInvalid) {
 				return fmt.Errorf("got %v, want INVALID", err)
 			}
@@ -199,7 +201,7 @@ func TestDisagreementFailsFastAndAlike(t *testing.T) {
 				if err != nil {
 					return fmt.Errorf("after the mismatch: %w", err)
 				}
-				return q.Forward(PtrOf(make([]float32, 2)), PtrOf(make([]float32, 4)))
+				return q.Do(CallForward, true, PtrOf(make([]float32, 2)), PtrOf(make([]float32, 4)), nil)
 			})
 			for r, err := range errs {
 				if err != nil {
@@ -238,7 +240,7 @@ func TestCreationIsAllOrNothing(t *testing.T) {
 		if err != nil {
 			return fmt.Errorf("after the failed creation: %w", err)
 		}
-		return q.Forward(PtrOf(make([]float32, 2)), PtrOf(make([]float32, 4)))
+		return q.Do(CallForward, true, PtrOf(make([]float32, 2)), PtrOf(make([]float32, 4)), nil)
 	})
 	for r, err := range errs {
 		if err != nil {

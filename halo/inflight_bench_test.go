@@ -25,7 +25,7 @@ func BenchmarkTwoInFlight2KiB(b *testing.B) {
 		}
 		for i := 0; i < b.N; i++ {
 			for k, p := range plans {
-				if err := p.ForwardStart(PtrOf(xs[k]), PtrOf(outs[k])); err != nil {
+				if err := p.Do(CallForward, false, PtrOf(xs[k]), PtrOf(outs[k]), nil); err != nil {
 					return err
 				}
 			}

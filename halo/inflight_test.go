@@ -61,9 +61,9 @@ func newFlight(g *Group, cache map[string]*Plan, lengths [][]int64) (*flight, er
 
 func (f *flight) start(k int, d Direction) error {
 	if d == DirForward {
-		return f.plans[k].ForwardStart(PtrOf(f.x[k]), PtrOf(f.out[k]))
+		return f.plans[k].Do(CallForward, false, PtrOf(f.x[k]), PtrOf(f.out[k]), nil)
 	}
-	return f.plans[k].BackwardStart(PtrOf(f.gout[k]), PtrOf(f.gx[k]))
+	return f.plans[k].Do(CallBackward, false, PtrOf(f.gout[k]), PtrOf(f.gx[k]), nil)
 }
 
 // check compares layout k's results of direction d with the whole sequence's.
@@ -287,7 +287,7 @@ func TestInFlightMismatchGoesToItsOwnCall(t *testing.T) {
 		if err := f.start(0, DirForward); err != nil {
 			return err
 		}
-		if err := bad.ForwardStart(PtrOf(x), PtrOf(out)); err != nil {
+		if err := bad.Do(CallForward, false, PtrOf(x), PtrOf(out), nil); err != nil {
 			return err
 		}
 		waitBad := func() error {

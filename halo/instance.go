@@ -133,7 +133,7 @@ func (in *instance) release(s *schedule) {
 // interior of the padded one (s.aliased), and refuses any other overlap
 // between the caller's tensors (it would be silent garbage).
 func (in *instance) aliasing(s *schedule, ptrs []unsafe.Pointer) error {
-	for k, a := range s.alias {
+	for k, a := range s.aliases {
 		inner, outer := uintptr(ptrs[a.inner]), uintptr(ptrs[a.outer])
 		s.aliased[k] = s.ext[a.inner] > 0 && s.ext[a.outer] > 0 && a.off >= 0 && inner == outer+uintptr(a.off)
 	}
@@ -148,7 +148,7 @@ func (in *instance) aliasing(s *schedule, ptrs []unsafe.Pointer) error {
 			}
 			if k, ok := in.aliasPair(s, i, j); ok {
 				spec := &in.specs[k]
-				inner, outer := s.names[s.alias[k].inner], s.names[s.alias[k].outer]
+				inner, outer := s.names[s.aliases[k].inner], s.names[s.aliases[k].outer]
 				return fmt.Errorf("%s overlaps %s but is not its interior (it must be %s narrowed to slices [%d, %d) along dim %d with the same strides, or not overlap it)",
 					inner, outer, outer, spec.Left, spec.Left+spec.Shape[spec.Dim], spec.Dim)
 			}
@@ -160,7 +160,7 @@ func (in *instance) aliasing(s *schedule, ptrs []unsafe.Pointer) error {
 
 // aliasPair returns the layout whose inner and outer bases are i and j.
 func (in *instance) aliasPair(s *schedule, i, j int) (int, bool) {
-	for k, a := range s.alias {
+	for k, a := range s.aliases {
 		if (a.inner == i && a.outer == j) || (a.inner == j && a.outer == i) {
 			return k, true
 		}

@@ -138,7 +138,7 @@ func TestCUDAPlanMovesBytesOnly(t *testing.T) {
 		x := fill(n, func(row, i int64) float32 { return val(row, off[r]+i) })
 		left := fill(L, func(int64, int64) float32 { return untouched })
 		right := fill(R, func(int64, int64) float32 { return untouched })
-		if err := p.HalosForward(PtrOf(x), PtrOf(left), PtrOf(right)); err != nil {
+		if err := p.Do(CallHalosForward, true, PtrOf(x), PtrOf(left), PtrOf(right)); err != nil {
 			return err
 		}
 		check := func(name string, got []float32, k int64, want func(row, i int64) float32) {
@@ -163,7 +163,7 @@ func TestCUDAPlanMovesBytesOnly(t *testing.T) {
 		gl := fill(L, func(row, i int64) float32 { return tagged(off[r]-L+i, row) })
 		gr := fill(R, func(row, i int64) float32 { return tagged(off[r]+n+i, row) })
 		gx := fill(n, func(int64, int64) float32 { return untouched })
-		if err := p.HalosBackward(PtrOf(gl), PtrOf(gr), PtrOf(gx)); err != nil {
+		if err := p.Do(CallHalosBackward, true, PtrOf(gl), PtrOf(gr), PtrOf(gx)); err != nil {
 			return err
 		}
 		check("grad_x", gx, n, func(row, i int64) float32 {
@@ -207,7 +207,7 @@ func TestCUDAPlanLeavesGradXToTheCaller(t *testing.T) {
 		for i := range gx {
 			gx[i] = negZero
 		}
-		if err := p.HalosBackward(PtrOf(gl), PtrOf(gr), PtrOf(gx)); err != nil {
+		if err := p.Do(CallHalosBackward, true, PtrOf(gl), PtrOf(gr), PtrOf(gx)); err != nil {
 			return err
 		}
 		for i, v := range gx {

@@ -7,33 +7,6 @@ import (
 	"github.com/halo-cp/halo/halo/transport"
 )
 
-// Padding says what fills halo slices outside the global sequence: the
-// padding modes of torch.nn.Conv3d (see include/halo.h for the gradients'
-// order).
-type Padding int32
-
-const (
-	PadZeros     Padding = 0 // the reference's behaviour
-	PadReplicate Padding = 1 // the edge slice repeated
-	PadReflect   Padding = 2 // mirrored about the edge slice, which is not repeated
-	PadCircular  Padding = 3 // wrapped around the sequence
-)
-
-// String is the mode as torch spells padding_mode.
-func (m Padding) String() string {
-	switch m {
-	case PadZeros:
-		return "zeros"
-	case PadReplicate:
-		return "replicate"
-	case PadReflect:
-		return "reflect"
-	case PadCircular:
-		return "circular"
-	}
-	return fmt.Sprintf("padding(%d)", int32(m))
-}
-
 // The padding modes other than zeros fill the halo slots outside the global
 // sequence [0, T) from slices of the sequence, which may live on any rank
 // (circular: rank 0's left halo ends the sequence; with halos longer than

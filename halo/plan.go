@@ -30,6 +30,36 @@ type Plan struct {
 	fwd, bwd dirCall
 }
 
+// dirCall is one direction's call on a plan, from its start to its end.
+type dirCall struct {
+	p         *Plan
+	d         Direction
+	what      string
+	inFlight  bool // started and not yet finished by a Wait or Test of the caller
+	halos     bool
+	seq       uint64              // the call's number (see Group.tag)
+	args      [3][]unsafe.Pointer // the caller's tensors: per argument, one per layout
+	ptrs      []unsafe.Pointer    // the same as an instance's fixed bases
+	inst      *instance           // what the attempt runs; nil: notes only (no agreed instance)
+	agreed    bool                // the call has agreed once (a second disagreement is a bug)
+	note      transport.Batch     // see Plan.notes
+	noteRecvs []recvInfo
+
+	// Where the call stands (progress), the same whichever call moved it:
+	arrived bool       // the attempt's messages have all come
+	ready   bool       // and every peer ran the same instance: only the local completion is left
+	ag      *agreement // the agreement in progress after an attempt that differed
+	err     error      // the call ended with this; its caller's Wait or Test returns it
+	moves   int        // stages passed, for Group.block's deadline
+}
+
+func (dc *dirCall) phase() int {
+	if dc.d == DirBackward {
+		return phaseBackward
+	}
+	return phaseForward
+}
+
 // keptInstances bounds the instances a plan keeps: each holds staging
 // memory and prepared transport operations.
 const keptInstances = 4

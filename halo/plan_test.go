@@ -156,8 +156,8 @@ func checkCase(t *testing.T, rng *rand.Rand, c caseSpec, opts GroupOptions) {
 			x = NewMemory(s.Shape, s.XStrides, elem, 64)
 			x.Store(xs[r])
 		}
-		if err := exchange(p, c, rng, DirForward, func() error { return p.Forward(x.Ptr(), out.Ptr()) },
-			func() error { return p.ForwardStart(x.Ptr(), out.Ptr()) }); err != nil {
+		if err := exchange(p, c, rng, DirForward, func() error { return p.Do(CallForward, true, x.Ptr(), out.Ptr(), nil) },
+			func() error { return p.Do(CallForward, false, x.Ptr(), out.Ptr(), nil) }); err != nil {
 			return err
 		}
 		gout.Store(grads[r])
@@ -167,8 +167,8 @@ func checkCase(t *testing.T, rng *rand.Rand, c caseSpec, opts GroupOptions) {
 			gx = NewMemory(s.Shape, s.GradXStrides, elem, 64)
 			gx.Fill(0xA5)
 		}
-		if err := exchange(p, c, rng, DirBackward, func() error { return p.Backward(gout.Ptr(), gx.Ptr()) },
-			func() error { return p.BackwardStart(gout.Ptr(), gx.Ptr()) }); err != nil {
+		if err := exchange(p, c, rng, DirBackward, func() error { return p.Do(CallBackward, true, gout.Ptr(), gx.Ptr(), nil) },
+			func() error { return p.Do(CallBackward, false, gout.Ptr(), gx.Ptr(), nil) }); err != nil {
 			return err
 		}
 		gotOut, gotGX := out.Load(osh), gx.Load(s.Shape)
@@ -212,8 +212,8 @@ func checkHalos(p *Plan, c caseSpec, rng *rand.Rand, x, grad, wantOut, wantGX Lo
 	left, right := NewMemory(lsh, s.LeftStrides, elem, 64), NewMemory(rsh, s.RightStrides, elem, 64)
 	left.Fill(0xA5)
 	right.Fill(0xA5)
-	if err := exchange(p, c, rng, DirForward, func() error { return p.HalosForward(xm.Ptr(), left.Ptr(), right.Ptr()) },
-		func() error { return p.HalosForwardStart(xm.Ptr(), left.Ptr(), right.Ptr()) }); err != nil {
+	if err := exchange(p, c, rng, DirForward, func() error { return p.Do(CallHalosForward, true, xm.Ptr(), left.Ptr(), right.Ptr()) },
+		func() error { return p.Do(CallHalosForward, false, xm.Ptr(), left.Ptr(), right.Ptr()) }); err != nil {
 		return err
 	}
 	gl, gr := NewMemory(lsh, s.GradLeftStrides, elem, 64), NewMemory(rsh, s.GradRightStrides, elem, 64)
@@ -221,8 +221,8 @@ func checkHalos(p *Plan, c caseSpec, rng *rand.Rand, x, grad, wantOut, wantGX Lo
 	gr.Store(sliceAlong(grad, c.dim, c.L+n, c.L+n+c.R))
 	gx := NewMemory(s.Shape, s.GradXStrides, elem, 64)
 	gx.Store(sliceAlong(grad, c.dim, c.L, c.L+n))
-	if err := exchange(p, c, rng, DirBackward, func() error { return p.HalosBackward(gl.Ptr(), gr.Ptr(), gx.Ptr()) },
-		func() error { return p.HalosBackwardStart(gl.Ptr(), gr.Ptr(), gx.Ptr()) }); err != nil {
+	if err := exchange(p, c, rng, DirBackward, func() error { return p.Do(CallHalosBackward, true, gl.Ptr(), gr.Ptr(), gx.Ptr()) },
+		func() error { return p.Do(CallHalosBackward, false, gl.Ptr(), gr.Ptr(), gx.Ptr()) }); err != nil {
 		return err
 	}
 	for _, cmp := range []struct {
@@ -388,11 +388,11 @@ func TestPeerFailureDuringForward(t *testing.T) {
 	defer p1.Close()
 	hub.Kill(1)
 	x, out := make([]float32, 4), make([]float32, 6)
-	err = p0.Forward(PtrOf(x), PtrOf(out))
+	err = p0.Do(CallForward, true, PtrOf(x), PtrOf(out), nil)
 	if !errors.Is(err, ErrPeerFailed) || !strings.Contains(err.Error(), "rank 1") || !strings.Contains(err.Error(), "rank 0: forward of plan 1") {
 		t.Fatalf("got %v", err)
 	}
-	if err := p0.Forward(PtrOf(x), PtrOf(out)); !errors.Is(err, ErrFailed) {
+	if err := p0.Do(CallForward, true, PtrOf(x), PtrOf(out), nil); !errors.Is(err, ErrFailed) {
 		t.Fatalf("forward after a failure: got %v, want ErrFailed", err)
 	}
 	if err := p0.Close(); err != nil {
@@ -445,16 +445,16 @@ func TestBadPointers(t *testing.T) {
 			t.Errorf("got %v, want %q", err, want)
 		}
 	}
-	check(p.Forward(nil, PtrOf(out)), "x is NULL")
-	check(p.Forward(PtrOf(x), nil), "out is NULL")
-	check(p.Backward(nil, PtrOf(x)), "grad_out is NULL")
-	check(p.Forward(PtrOf(out[1:]), PtrOf(out)), "x overlaps out but is not its interior")
-	if err := p.Forward(PtrOf(out[3:]), PtrOf(out)); err != nil { // exactly the interior
+	check(p.Do(CallForward, true, nil, PtrOf(out), nil), "x is NULL")
+	check(p.Do(CallForward, true, PtrOf(x), nil, nil), "out is NULL")
+	check(p.Do(CallBackward, true, nil, PtrOf(x), nil), "grad_out is NULL")
+	check(p.Do(CallForward, true, PtrOf(out[1:]), PtrOf(out), nil), "x overlaps out but is not its interior")
+	if err := p.Do(CallForward, true, PtrOf(out[3:]), PtrOf(out), nil); err != nil { // exactly the interior
 		t.Errorf("in-place forward: %v", err)
 	}
 	p.Close()
 	p.Close()
-	if err := p.Forward(PtrOf(x), PtrOf(out)); !errors.Is(err, ErrClosed) {
+	if err := p.Do(CallForward, true, PtrOf(x), PtrOf(out), nil); !errors.Is(err, ErrClosed) {
 		t.Errorf("forward after close: %v", err)
 	}
 }
@@ -475,10 +475,10 @@ func TestConcurrentPlansKeepApart(t *testing.T) {
 		r := float32(g.Rank())
 		xa, xb := []float32{r, r, r, r}, []float32{10 + r, 10 + r, 10 + r, 10 + r}
 		oa, ob := make([]float32, 8), make([]float32, 8)
-		if err := a.Forward(PtrOf(xa), PtrOf(oa)); err != nil {
+		if err := a.Do(CallForward, true, PtrOf(xa), PtrOf(oa), nil); err != nil {
 			return err
 		}
-		if err := b.Forward(PtrOf(xb), PtrOf(ob)); err != nil {
+		if err := b.Do(CallForward, true, PtrOf(xb), PtrOf(ob), nil); err != nil {
 			return err
 		}
 		peer := 1 - r
@@ -519,7 +519,7 @@ func TestLargeInteriorCopy(t *testing.T) {
 		x[i] = float32(i)
 	}
 	out := make([]float32, rows*(cols+3))
-	if err := p.Forward(PtrOf(x), PtrOf(out)); err != nil {
+	if err := p.Do(CallForward, true, PtrOf(x), PtrOf(out), nil); err != nil {
 		t.Fatal(err)
 	}
 	for r := 0; r < rows; r++ {
@@ -645,22 +645,22 @@ func checkMulti(t *testing.T, rng *rand.Rand, cases []caseSpec) {
 		switch {
 		case halos && cases[0].async:
 			fwd = func() error {
-				if err := p.HalosForwardMultiStart(a, b, c); err != nil {
+				if err := p.DoMulti(CallHalosForward, false, a, b, c); err != nil {
 					return err
 				}
 				return p.Wait(DirForward)
 			}
 		case halos:
-			fwd = func() error { return p.HalosForwardMulti(a, b, c) }
+			fwd = func() error { return p.DoMulti(CallHalosForward, true, a, b, c) }
 		case cases[0].async:
 			fwd = func() error {
-				if err := p.ForwardMultiStart(a, b); err != nil {
+				if err := p.DoMulti(CallForward, false, a, b, nil); err != nil {
 					return err
 				}
 				return p.Wait(DirForward)
 			}
 		default:
-			fwd = func() error { return p.ForwardMulti(a, b) }
+			fwd = func() error { return p.DoMulti(CallForward, true, a, b, nil) }
 		}
 		if err := fwd(); err != nil {
 			return err
@@ -697,9 +697,9 @@ func checkMulti(t *testing.T, rng *rand.Rand, cases []caseSpec) {
 		}
 		var err2 error
 		if halos {
-			err2 = p.HalosBackwardMulti(a, b, c)
+			err2 = p.DoMulti(CallHalosBackward, true, a, b, c)
 		} else {
-			err2 = p.BackwardMulti(a, b)
+			err2 = p.DoMulti(CallBackward, true, a, b, nil)
 		}
 		if err2 != nil {
 			return err2

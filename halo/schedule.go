@@ -40,11 +40,19 @@ type schedule struct {
 
 	// A padded layout's unpadded tensor may be the padded one's interior:
 	// then it is not copied. One entry per layout of a padded plan.
-	alias   []alias
-	aliased []bool // per alias, set by start: skip that layout's copyIn
+	aliases []innerAlias
+	aliased []bool // per entry of aliases, set by start: skip that layout's copyIn
 
 	inFlight bool // between start and the wait or test that completes it
 }
+
+// Direction is one of a plan's two exchanges, each with its schedule.
+type Direction int
+
+const (
+	DirForward  Direction = 0
+	DirBackward Direction = 1
+)
 
 // recvInfo is one receive of a batch: its index among the batch's
 // operations, its peer, and the bytes it expects.
@@ -53,16 +61,16 @@ type recvInfo struct {
 	want     int64
 }
 
-// alias says where a padded layout's unpadded tensor (base inner) would be
+// innerAlias says where a padded layout's unpadded tensor (base inner) would be
 // the padded one's (base outer) interior: at byte offset off, or never (-1).
-type alias struct {
+type innerAlias struct {
 	inner, outer int
 	off          int64
 }
 
 // local is one walk of local work over bases of the schedule: dst is
 // operand 0 of the walk, src (or -1) operand 1; elem and dt are the
-// layout's. layout indexes the schedule's alias entries (copyIn only).
+// layout's. layout indexes the schedule's aliases (copyIn only).
 type local struct {
 	w        walk
 	dst, src int
@@ -120,7 +128,7 @@ func (in *instance) build() error {
 		s   *schedule
 		ops []transport.Op
 	}{{f, fops.ops}, {b, bops.ops}} {
-		sc.s.aliased = make([]bool, len(sc.s.alias))
+		sc.s.aliased = make([]bool, len(sc.s.aliases))
 		sc.s.args = make([]unsafe.Pointer, sc.s.fixed)
 		sc.s.bases = make([]uintptr, sc.s.fixed+len(sc.s.staging))
 		sc.s.ptrs = make([]unsafe.Pointer, len(sc.s.bases))
@@ -257,8 +265,8 @@ func (l layoutPlan) build(fops, bops *opList) error {
 		}
 	}
 	if !s.HalosOnly {
-		f.copyIn = append(f.copyIn, l.twoOperands(fmid, xr, L, L+n, len(f.alias)))
-		f.alias = append(f.alias, alias{xr.base, fmid.base, l.aliasOffset(s.XStrides, s.OutStrides)})
+		f.copyIn = append(f.copyIn, l.twoOperands(fmid, xr, L, L+n, len(f.aliases)))
+		f.aliases = append(f.aliases, innerAlias{xr.base, fmid.base, l.aliasOffset(s.XStrides, s.OutStrides)})
 	}
 
 	// Backward: gradients of our slices come back from the ranks we sent
@@ -289,8 +297,8 @@ func (l layoutPlan) build(fops, bops *opList) error {
 		bops.add(op)
 	}
 	if !s.HalosOnly {
-		b.copyIn = append(b.copyIn, l.twoOperands(gxr, bmid, L, L+n, len(b.alias)))
-		b.alias = append(b.alias, alias{gxr.base, bmid.base, l.aliasOffset(s.GradXStrides, s.GradOutStrides)})
+		b.copyIn = append(b.copyIn, l.twoOperands(gxr, bmid, L, L+n, len(b.aliases)))
+		b.aliases = append(b.aliases, innerAlias{gxr.base, bmid.base, l.aliasOffset(s.GradXStrides, s.GradOutStrides)})
 	}
 	if zeros {
 		return nil

@@ -18,6 +18,33 @@ const (
 	MemoryCUDA = transport.CUDA
 )
 
+// Padding says what fills halo slices outside the global sequence: the
+// padding modes of torch.nn.Conv3d (see include/halo.h for the gradients'
+// order).
+type Padding int32
+
+const (
+	PadZeros     Padding = 0 // the reference's behaviour
+	PadReplicate Padding = 1 // the edge slice repeated
+	PadReflect   Padding = 2 // mirrored about the edge slice, which is not repeated
+	PadCircular  Padding = 3 // wrapped around the sequence
+)
+
+// String is the mode as torch spells padding_mode.
+func (m Padding) String() string {
+	switch m {
+	case PadZeros:
+		return "zeros"
+	case PadReplicate:
+		return "replicate"
+	case PadReflect:
+		return "reflect"
+	case PadCircular:
+		return "circular"
+	}
+	return fmt.Sprintf("padding(%d)", int32(m))
+}
+
 // Spec is the local layout a plan is made for. Strides are in elements; nil
 // means contiguous. The out tensor has x's shape with Left+Right more slices
 // along Dim; the gradient tensors have the shapes of out and x.

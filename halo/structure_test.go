@@ -7,6 +7,7 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -16,7 +17,7 @@ import (
 // declared in one file and has methods in at most one more, under one
 // receiver name; no two constants differ only in their first letter's
 // case (CallForward and callForward read alike and meant different
-// values).
+// values); Plan's exported methods are the list below.
 
 // sourceFiles parses the package's non-test files.
 func sourceFiles(t *testing.T) map[string]*ast.File {
@@ -125,6 +126,32 @@ func TestConstantsDoNotDifferByCaseAlone(t *testing.T) {
 					seen[key] = id.Name + " (" + name + ")"
 				}
 			}
+		}
+	}
+}
+
+// planMethods is Plan's exported face: one call for every exchange (Do,
+// DoMulti, by Call) and its finish, no named wrapper per call (issue 34
+// removed 16 of them that only tests used). A method added here is a
+// decision: one that duplicates Do is not.
+var planMethods = []string{
+	"Close", "Do", "DoMulti", "ID", "InFlight", "Lengths", "Messages", "Rank", "Spec", "Specs", "Test", "Wait", "WireBytes",
+}
+
+func TestPlanMethodsAreTheList(t *testing.T) {
+	typ := reflect.TypeFor[*Plan]()
+	var have []string
+	for i := range typ.NumMethod() {
+		have = append(have, typ.Method(i).Name)
+	}
+	for _, m := range have {
+		if !slices.Contains(planMethods, m) {
+			t.Errorf("Plan has exported method %s, not in planMethods (structure_test.go): call Do or DoMulti, or add it there with a reason", m)
+		}
+	}
+	for _, m := range planMethods {
+		if !slices.Contains(have, m) {
+			t.Errorf("planMethods lists %s, which Plan no longer has: take it off the list", m)
 		}
 	}
 }

@@ -58,9 +58,9 @@ func BenchmarkTileSteps(b *testing.B) {
 							for range 20 {
 								var err error
 								if pass == 0 {
-									err = st.p.Forward(x, out)
+									err = st.p.Do(CallForward, true, x, out, nil)
 								} else {
-									err = st.p.Backward(out, gx)
+									err = st.p.Do(CallBackward, true, out, gx, nil)
 								}
 								if err != nil {
 									return err

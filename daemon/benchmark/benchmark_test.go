@@ -205,7 +205,7 @@ func TestCheckCatchesCorruption(t *testing.T) {
 			defer plan.Close()
 			chk := newChecker(s.DType, s.Padding, g.Rank(), plan.Lengths(), s.Left, s.Right)
 			chk.fillForward(7, tn.x, tn.out, true)
-			if err := plan.Forward(tn.x.base, tn.out.base); err != nil {
+			if err := plan.Do(halo.CallForward, true, tn.x.base, tn.out.base, nil); err != nil {
 				return err
 			}
 			if n, m := chk.verifyForward(7, tn.out); n != 0 {
@@ -223,7 +223,7 @@ func TestCheckCatchesCorruption(t *testing.T) {
 				return fmt.Errorf("forward: %d wrong after one flipped bit", n)
 			}
 			chk.fillBackward(8, tn.gradOut)
-			if err := plan.Backward(tn.gradOut.base, tn.gradX.base); err != nil {
+			if err := plan.Do(halo.CallBackward, true, tn.gradOut.base, tn.gradX.base, nil); err != nil {
 				return err
 			}
 			if n, m := chk.verifyBackward(8, tn.gradX); n != 0 {

@@ -7,7 +7,7 @@ import (
 	"github.com/halo-cp/halo/ucx"
 )
 
-// cbuf is C memory. Tensors passed to Forward and Backward must not live on
+// cbuf is C memory. Tensors passed to a plan's exchanges must not live on
 // the Go heap: UCX holds on to them during the call, and the Go collector
 // may move or free what it does not know is in use.
 type cbuf struct {

@@ -63,7 +63,7 @@ func (k *collective) reduce(v []float64, combine func(a, b float64) float64) err
 	for lo := 0; lo < len(v); lo += k.chunk {
 		n := copy(x, v[lo:])
 		for s := k.size - 2; s >= 0; s-- {
-			if err := k.plan.Forward(k.buf.at(int64(k.chunk*8)), k.buf.p); err != nil {
+			if err := k.plan.Do(halo.CallForward, true, k.buf.at(int64(k.chunk*8)), k.buf.p, nil); err != nil {
 				return fmt.Errorf("gathering results: %w", err)
 			}
 			if k.rank == s {
@@ -86,7 +86,7 @@ func (k *collective) broadcast(v []float64) error {
 	for lo := 0; lo < len(v); lo += k.chunk {
 		n := copy(x, v[lo:])
 		for s := 1; s < k.size; s++ {
-			if err := k.plan.Forward(k.buf.at(int64(k.chunk*8)), k.buf.p); err != nil {
+			if err := k.plan.Do(halo.CallForward, true, k.buf.at(int64(k.chunk*8)), k.buf.p, nil); err != nil {
 				return fmt.Errorf("sharing results: %w", err)
 			}
 			if k.rank == s {

@@ -293,9 +293,9 @@ func runOp(c group, coll *collective, o *Options, cs Case, spec *halo.Spec, t *t
 		case o.Stream:
 			err = sc.Exchange(plan, dir, bufs, cuStreamLegacy)
 		case op == "forward":
-			err = plan.Forward(t.x.base, t.out.base)
+			err = plan.Do(halo.CallForward, true, t.x.base, t.out.base, nil)
 		default:
-			err = plan.Backward(t.gradOut.base, t.gradX.base)
+			err = plan.Do(halo.CallBackward, true, t.gradOut.base, t.gradX.base, nil)
 		}
 		if err != nil {
 			return fmt.Errorf("%s of a %s halo: %w", op, fmtBytes(cs.Bytes), err)

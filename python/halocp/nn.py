@@ -66,6 +66,20 @@ class _Config:
                                                    False, (0, 0, 0), self.groups, mask)
 
 
+def _autocast_inputs(*tensors):
+    """The tensors as autocast hands them to conv3d (floating point but
+    float64 in its lower precision), cast before an autograd Function that
+    convolves inside: its backward runs outside autocast, so it must save
+    the dtypes the forward convolved (float32 weights beside a bfloat16
+    gradient make torch's convolution backward fail)."""
+    device = tensors[0].device.type
+    if not torch.is_autocast_enabled(device):
+        return tensors
+    dtype = torch.get_autocast_dtype(device)
+    return tuple(t.to(dtype) if t is not None and t.is_floating_point() and t.dtype != torch.float64 else t
+                 for t in tensors)
+
+
 def _padded_frames(t, frames):
     shape = list(t.shape)
     shape[2] = frames
@@ -550,7 +564,7 @@ class _ContextParallelConv3d(torch.nn.Conv3d):
         # The fused path's exchange takes x's device path, as every exchange does.
         if not halo and x.shape[-3]:  # a kernel one frame long needs no context
             return F.conv3d(x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
-        return _ContextParallelConv.apply(x, self.weight, self.bias, _Config(self))
+        return _ContextParallelConv.apply(*_autocast_inputs(x, self.weight, self.bias), _Config(self))
 
     def _compiled_stride_1(self, x):
         """What torch.compile traces of a stride-1, zero-padded layer: the

@@ -1,8 +1,9 @@
 /* halo_exchange_start and its requests, and halo_exchange (include/halo.h,
  * 0.4), across 3 real processes: every form (padded and halos-only, forward
- * and backward, single and multi-layout), float32 and bfloat16,
- * bit-identical to the 0.3 blocking calls on the same data; then bad input, each refused with the code and a
- * message that names what was wrong.
+ * and backward, single and multi-layout), float32 and bfloat16; each of the
+ * 18 deprecated 0.3 calls bit-identical to halo_exchange on the same data;
+ * then bad input, each refused with the code and a message that names what
+ * was wrong.
  *
  *   test_request            requests without a stream (the host path)
  *   test_request --stream   stream-ordered requests, run with
@@ -90,91 +91,120 @@ static void exchange(halo_plan_t plan, halo_direction_t dir, void *const *bufs, 
 
 static size_t esize(int dtype) { return dtype == HALO_FLOAT32 ? 4 : 2; }
 
-/* Padded: x -> out, grad_out -> grad_x; halos-only: x -> left, right and
- * grad_left, grad_right -> grad_x (added to). Old calls, then the new. */
-static void check_forms(halo_comm_t c, int dtype) {
-    int64_t shape[3] = {B, T, C};
-    size_t e = esize(dtype);
-    for (int halos = 0; halos < 2; halos++) {
-        halo_plan_params_t p = params(dtype, halos, shape);
-        halo_plan_t plan;
-        HALO_OK(halo_plan_create(c, &p, &plan));
-        unsigned char x[NX * 4], out[2][NOUT * 4], gx[2][NX * 4], lt[2][NL * 4], rt[2][NR * 4];
-        fill(x, dtype, NX, g_rank);
-        for (int k = 0; k < 2; k++) {
-            memset(out[k], 0x7f, sizeof out[k]);
-            fill(lt[k], dtype, NL, g_rank + 5);
-            fill(rt[k], dtype, NR, g_rank + 9);
-            fill(gx[k], dtype, NX, g_rank + 3);
-        }
-        if (!halos) {
-            HALO_OK(halo_plan_forward(plan, x, out[0]));
-            HALO_OK(halo_plan_backward(plan, out[0], gx[0]));
-            void *f[2] = {x, out[1]}, *b[2] = {out[1], gx[1]};
-            exchange(plan, HALO_DIR_FORWARD, f, 2);
-            exchange(plan, HALO_DIR_BACKWARD, b, 2);
-            CHECK(!memcmp(out[0], out[1], NOUT * e), "padded forward (dtype %d) differs from halo_plan_forward", dtype);
-        } else {
-            HALO_OK(halo_plan_halos_forward(plan, x, lt[0], rt[0]));
-            HALO_OK(halo_plan_halos_backward(plan, lt[0], rt[0], gx[0]));
-            void *f[3] = {x, lt[1], rt[1]}, *b[3] = {lt[1], rt[1], gx[1]};
-            exchange(plan, HALO_DIR_FORWARD, f, 3);
-            exchange(plan, HALO_DIR_BACKWARD, b, 3);
-            CHECK(!memcmp(lt[0], lt[1], NL * e) && !memcmp(rt[0], rt[1], NR * e),
-                  "halos-only forward (dtype %d) differs from halo_plan_halos_forward", dtype);
-        }
-        CHECK(!memcmp(gx[0], gx[1], NX * e), "%s backward (dtype %d) differs from the 0.3 call", halos ? "halos-only" : "padded", dtype);
-        /* The blocking call of the pair, from the same starting tensors. */
-        memset(out[1], 0x7f, sizeof out[1]);
-        fill(lt[1], dtype, NL, g_rank + 5);
-        fill(rt[1], dtype, NR, g_rank + 9);
-        fill(gx[1], dtype, NX, g_rank + 3);
-        if (!halos) {
-            void *f[2] = {x, out[1]}, *b[2] = {out[1], gx[1]};
-            HALO_OK(halo_exchange(plan, HALO_DIR_FORWARD, f, 2, g_stream ? S1 : NULL));
-            HALO_OK(halo_exchange(plan, HALO_DIR_BACKWARD, b, 2, g_stream ? S2 : NULL));
-            CHECK(!memcmp(out[0], out[1], NOUT * e), "halo_exchange: padded forward (dtype %d) differs", dtype);
-        } else {
-            void *f[3] = {x, lt[1], rt[1]}, *b[3] = {lt[1], rt[1], gx[1]};
-            HALO_OK(halo_exchange(plan, HALO_DIR_FORWARD, f, 3, g_stream ? S1 : NULL));
-            HALO_OK(halo_exchange(plan, HALO_DIR_BACKWARD, b, 3, g_stream ? S2 : NULL));
-            CHECK(!memcmp(lt[0], lt[1], NL * e) && !memcmp(rt[0], rt[1], NR * e), "halo_exchange: halos-only forward (dtype %d) differs", dtype);
-        }
-        CHECK(!memcmp(gx[0], gx[1], NX * e), "halo_exchange: %s backward (dtype %d) differs", halos ? "halos-only" : "padded", dtype);
-        HALO_OK(halo_plan_destroy(plan));
+/* Every exchange call of the header on one plan, from the same starting
+ * tensors, forward and backward: halo_exchange gives the reference, and
+ * halo_exchange_start (a request) and each 0.3 call (blocking; its _start
+ * finished by halo_plan_wait, and by halo_plan_test alone; the _multi forms
+ * on a plan of K layouts) must give the same bytes. test_exchange checks the
+ * 0.3 calls against an oracle; here they are held to the pair they wrap. */
+enum { PAIR, PAIR_START, OLD, OLD_START_WAIT, OLD_START_TEST, NFORMS };
+static const char *const form_names[NFORMS] = {"halo_exchange", "halo_exchange_start", "the blocking 0.3 call",
+                                               "the 0.3 _start call and halo_plan_wait", "the 0.3 _start call and halo_plan_test"};
+
+/* One layout's tensors: the inputs every form starts from, and what one
+ * form wrote. */
+typedef struct {
+    int dtype;
+    unsigned char x[NX * 4], gout[NOUT * 4], gl[NL * 4], gr[NR * 4], gx0[NX * 4];
+    unsigned char out[NFORMS][NOUT * 4], lt[NFORMS][NL * 4], rt[NFORMS][NR * 4], gx[NFORMS][NX * 4];
+} layout;
+
+/* Finishes a 0.3 _start call: halo_plan_wait, or halo_plan_test until done. */
+static void old_finish(halo_plan_t plan, halo_direction_t dir, int form) {
+    int done = 0;
+    if (form == OLD_START_WAIT) {
+        HALO_OK(halo_plan_wait(plan, dir));
+        return;
     }
+    for (double deadline = now_s() + 30; !done && now_s() < deadline;) HALO_OK(halo_plan_test(plan, dir, &done));
+    CHECK(done, "halo_plan_test: the exchange (direction %d) not done in 30 s", dir);
 }
 
-/* Two layouts (float32 and bfloat16) through one request. */
-static void check_multi(halo_comm_t c) {
+/* Runs one direction of one form on plan (K layouts; a single-layout plan
+ * takes the single calls, K > 1 the _multi ones). */
+static void run_form(halo_plan_t plan, int K, int halos, halo_direction_t dir, int form, layout *ls) {
+    int n = halos ? 3 : 2;
+    void *bufs[8 * 3], *a[8], *b[8], *c[8];
+    for (int k = 0; k < K; k++) {
+        layout *l = &ls[k];
+        if (dir == HALO_DIR_FORWARD) {
+            a[k] = l->x;
+            b[k] = halos ? (void *)l->lt[form] : (void *)l->out[form];
+            c[k] = l->rt[form];
+        } else {
+            a[k] = halos ? l->gl : l->gout;
+            b[k] = halos ? (void *)l->gr : (void *)l->gx[form];
+            c[k] = l->gx[form];
+        }
+        bufs[n * k] = a[k];
+        bufs[n * k + 1] = b[k];
+        if (halos) bufs[n * k + 2] = c[k];
+    }
+    const void *const *ca = (const void *const *)a, *const *cb = (const void *const *)b;
+    int fwd = dir == HALO_DIR_FORWARD, start = form != OLD;
+    switch (form) {
+    case PAIR: HALO_OK(halo_exchange(plan, dir, bufs, (size_t)(n * K), g_stream ? S1 : NULL)); return;
+    case PAIR_START: exchange(plan, dir, bufs, (size_t)(n * K)); return;
+    }
+    if (K == 1 && !halos && fwd) HALO_OK((start ? halo_plan_forward_start : halo_plan_forward)(plan, a[0], b[0]));
+    if (K == 1 && !halos && !fwd) HALO_OK((start ? halo_plan_backward_start : halo_plan_backward)(plan, a[0], b[0]));
+    if (K == 1 && halos && fwd) HALO_OK((start ? halo_plan_halos_forward_start : halo_plan_halos_forward)(plan, a[0], b[0], c[0]));
+    if (K == 1 && halos && !fwd) HALO_OK((start ? halo_plan_halos_backward_start : halo_plan_halos_backward)(plan, a[0], b[0], c[0]));
+    if (K > 1 && !halos && fwd) HALO_OK((start ? halo_plan_forward_multi_start : halo_plan_forward_multi)(plan, ca, b));
+    if (K > 1 && !halos && !fwd) HALO_OK((start ? halo_plan_backward_multi_start : halo_plan_backward_multi)(plan, ca, b));
+    if (K > 1 && halos && fwd) HALO_OK((start ? halo_plan_halos_forward_multi_start : halo_plan_halos_forward_multi)(plan, ca, b, c));
+    if (K > 1 && halos && !fwd) HALO_OK((start ? halo_plan_halos_backward_multi_start : halo_plan_halos_backward_multi)(plan, ca, cb, c));
+    if (start) old_finish(plan, dir, form);
+}
+
+/* Every form on a plan of K layouts of the given dtypes, padded or
+ * halos-only, each held to halo_exchange's bytes. */
+static void check_forms(halo_comm_t comm, int K, const int *dtypes, int halos) {
+    static layout ls[2];
     int64_t shape[3] = {B, T, C};
-    halo_plan_params_t p[2] = {params(HALO_FLOAT32, 0, shape), params(HALO_BFLOAT16, 0, shape)};
+    halo_plan_params_t p[2];
+    for (int k = 0; k < K; k++) {
+        layout *l = &ls[k];
+        memset(l, 0, sizeof *l);
+        l->dtype = dtypes[k];
+        p[k] = params(l->dtype, halos, shape);
+        fill(l->x, l->dtype, NX, g_rank + k);
+        fill(l->gout, l->dtype, NOUT, g_rank + 11 + k);
+        fill(l->gl, l->dtype, NL, g_rank + 5 + k);
+        fill(l->gr, l->dtype, NR, g_rank + 9 + k);
+        fill(l->gx0, l->dtype, NX, g_rank + 3 + k);
+        for (int f = 0; f < NFORMS; f++) {
+            memset(l->out[f], 0x7f, sizeof l->out[f]); /* what the exchange must overwrite */
+            memset(l->lt[f], 0x7f, sizeof l->lt[f]);
+            memset(l->rt[f], 0x7f, sizeof l->rt[f]);
+            memcpy(l->gx[f], l->gx0, sizeof l->gx[f]); /* a halos-only backward adds to it */
+        }
+    }
     halo_plan_t plan;
-    HALO_OK(halo_plan_create_multi(c, 2, p, &plan));
-    float x0[NX], o0[2][NOUT], g0[2][NX];
-    uint16_t x1[NX], o1[2][NOUT], g1[2][NX];
-    fill(x0, HALO_FLOAT32, NX, g_rank);
-    fill(x1, HALO_BFLOAT16, NX, g_rank + 1);
-    memset(o0, 0, sizeof o0);
-    memset(o1, 0, sizeof o1);
-    const void *xs[2] = {x0, x1};
-    void *outs[2] = {o0[0], o1[0]}, *gxs[2] = {g0[0], g1[0]};
-    HALO_OK(halo_plan_forward_multi(plan, xs, outs));
-    HALO_OK(halo_plan_backward_multi(plan, (const void *const *)outs, gxs));
-    void *f[4] = {x0, o0[1], x1, o1[1]}, *b[4] = {o0[1], g0[1], o1[1], g1[1]};
-    exchange(plan, HALO_DIR_FORWARD, f, 4);
-    exchange(plan, HALO_DIR_BACKWARD, b, 4);
-    CHECK(!memcmp(o0[0], o0[1], sizeof o0[0]) && !memcmp(o1[0], o1[1], sizeof o1[0]), "multi forward differs");
-    CHECK(!memcmp(g0[0], g0[1], sizeof g0[0]) && !memcmp(g1[0], g1[1], sizeof g1[0]), "multi backward differs");
-    memset(o0[1], 0, sizeof o0[1]);
-    memset(o1[1], 0, sizeof o1[1]);
-    memset(g0[1], 0, sizeof g0[1]);
-    memset(g1[1], 0, sizeof g1[1]);
-    HALO_OK(halo_exchange(plan, HALO_DIR_FORWARD, f, 4, g_stream ? S1 : NULL));
-    HALO_OK(halo_exchange(plan, HALO_DIR_BACKWARD, b, 4, g_stream ? S1 : NULL));
-    CHECK(!memcmp(o0[0], o0[1], sizeof o0[0]) && !memcmp(o1[0], o1[1], sizeof o1[0]), "halo_exchange: multi forward differs");
-    CHECK(!memcmp(g0[0], g0[1], sizeof g0[0]) && !memcmp(g1[0], g1[1], sizeof g1[0]), "halo_exchange: multi backward differs");
+    if (K == 1) HALO_OK(halo_plan_create(comm, &p[0], &plan));
+    else HALO_OK(halo_plan_create_multi(comm, K, p, &plan));
+    for (int f = 0; f < NFORMS; f++) {
+        run_form(plan, K, halos, HALO_DIR_FORWARD, f, ls);
+        run_form(plan, K, halos, HALO_DIR_BACKWARD, f, ls);
+    }
     HALO_OK(halo_plan_destroy(plan));
+    for (int k = 0; k < K; k++) {
+        const layout *l = &ls[k];
+        size_t e = esize(l->dtype);
+        const char *what = halos ? "halos-only" : "padded";
+        /* The reference itself: x is the interior of out. */
+        for (int i = 0; !halos && i < B; i++)
+            CHECK(!memcmp(l->out[PAIR] + ((size_t)i * (T + L + R) + L) * C * e, l->x + (size_t)i * T * C * e, T * C * e),
+                  "halo_exchange: %s forward (layout %d of %d, dtype %d): out's interior is not x", what, k, K, l->dtype);
+        for (int f = PAIR + 1; f < NFORMS; f++) {
+            int same = halos ? !memcmp(l->lt[f], l->lt[PAIR], NL * e) && !memcmp(l->rt[f], l->rt[PAIR], NR * e)
+                             : !memcmp(l->out[f], l->out[PAIR], NOUT * e);
+            CHECK(same, "%s%s: %s forward (layout %d of %d, dtype %d) differs from halo_exchange's", form_names[f],
+                  K > 1 && f >= OLD ? " (_multi)" : "", what, k, K, l->dtype);
+            CHECK(!memcmp(l->gx[f], l->gx[PAIR], NX * e), "%s%s: %s backward (layout %d of %d, dtype %d) differs from halo_exchange's",
+                  form_names[f], K > 1 && f >= OLD ? " (_multi)" : "", what, k, K, l->dtype);
+        }
+    }
 }
 
 #define EXPECT(call, code, words)                                                                     \
@@ -611,9 +641,12 @@ static int fork_main(int port) {
 
 static int rank_main(int port) {
     halo_comm_t c = make_comm(port, 20000);
-    check_forms(c, HALO_FLOAT32);
-    check_forms(c, HALO_BFLOAT16);
-    check_multi(c);
+    static const int one[2][1] = {{HALO_FLOAT32}, {HALO_BFLOAT16}}, two[2] = {HALO_FLOAT32, HALO_BFLOAT16};
+    for (int halos = 0; halos < 2; halos++) {
+        check_forms(c, 1, one[0], halos);
+        check_forms(c, 1, one[1], halos);
+        check_forms(c, 2, two, halos);
+    }
     check_bad_input(c);
     HALO_OK(halo_comm_destroy(c));
     printf("test_request: rank %d: %d failures\n", g_rank, g_failures);

@@ -23,9 +23,9 @@ sys.path.insert(0, str(REPO / "python"))
 import halocp.diffusers as hd  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
-SCENARIOS = ["ltx", "ltx_shipped", "ltx095", "cogvideox", "reduced", "mochi", "mochi_shipped", "mochi_errors",
+SCENARIOS = ["ltx", "ltx_shipped", "ltx095", "ltx2", "ltx2_errors", "cogvideox", "reduced", "mochi", "mochi_shipped", "mochi_errors",
              "hunyuan_video", "hunyuan_video_bad_split", "hunyuan_video15",
-             "wan", "wan22", "wan_bad_shard"]
+             "wan", "wan22", "wan_bad_shard", "allegro", "allegro_errors", "reduced_more"]
 
 
 @pytest.fixture(scope="module", params=[1, 2, 3, 4], ids=lambda w: f"W{w}")
@@ -47,7 +47,8 @@ def test_refuses_unknown_class():
         hd.parallelize_vae(AutoencoderKL(block_out_channels=(4,), norm_num_groups=2, latent_channels=2))
     named = str(e.value).split("supported: ")[-1].split(", ")
     assert named == list(hd.supported_classes())
-    assert {"AutoencoderKLLTXVideo", "AutoencoderKLCogVideoX", "AutoencoderKLWan"} <= set(named)
+    assert {"AutoencoderKLLTXVideo", "AutoencoderKLLTX2Video", "AutoencoderKLCogVideoX", "AutoencoderKLWan",
+            "AutoencoderKLAllegro"} <= set(named)
 
 
 def test_split():
@@ -60,6 +61,12 @@ def test_split():
     for bad in [(8, 2, 4, None), (9, 2, 4, [1, 0]), (9, 2, 4, [3, -1])]:
         with pytest.raises(ValueError):
             hd.split_clip(*bad)
+    # a VAE that treats no frame apart (Allegro): every rank r*k frames, rank 0 empty allowed
+    s = hd.split_clip(12, 3, 4, groups=[0, 2, 1], first_frame=False)
+    assert s.lengths == (0, 8, 4) and s.latent_lengths == (0, 2, 1) and s.shards[2].offset == 8
+    assert hd.split_clip(16, 3, 4, first_frame=False).groups == (1, 1, 2)
+    with pytest.raises(ValueError, match="a clip of 13 frames is not 4 \\* k frames"):
+        hd.split_clip(13, 2, 4, first_frame=False)
     clip = torch.arange(9.0).reshape(1, 1, 9, 1, 1)
     assert hd.shard_clip(clip, hd.split_clip(9, 1, 4)).flatten().tolist() == list(range(9))
 
@@ -89,6 +96,20 @@ def test_same_module_and_parameters():
     assert list(vae.state_dict()) == keys
     with pytest.raises(ValueError, match="already parallelized"):
         hd.parallelize_vae(vae)
+
+
+def test_first_frame():
+    """Every supported model treats the clip's first frame apart but
+    Allegro (split_clip's first_frame)."""
+    from diffusers import AutoencoderKLAllegro, AutoencoderKLCogVideoX
+
+    assert hd.first_frame(AutoencoderKLCogVideoX(block_out_channels=(4,), latent_channels=2, layers_per_block=1,
+                                                 down_block_types=("CogVideoXDownBlock3D",),
+                                                 up_block_types=("CogVideoXUpBlock3D",), norm_num_groups=2))
+    assert not hd.first_frame(AutoencoderKLAllegro(block_out_channels=(8,), down_block_types=("AllegroDownBlock3D",),
+                                                   up_block_types=("AllegroUpBlock3D",), layers_per_block=1,
+                                                   temporal_downsample_blocks=(False,),
+                                                   temporal_upsample_blocks=(False,), norm_num_groups=2))
 
 
 def test_mochi_refuses_framewise_padding():
@@ -128,12 +149,15 @@ def test_hunyuan_video_deepcopy():
 def test_tiled_calls_refused():
     """Every converted model refuses its tiled calls (a tile's norms and the
     first-frame rules would see the tile alone), spatial and temporal."""
-    from diffusers import AutoencoderKLCogVideoX, AutoencoderKLLTXVideo
+    from diffusers import AutoencoderKLAllegro, AutoencoderKLCogVideoX, AutoencoderKLLTXVideo
 
     for vae in (AutoencoderKLCogVideoX(block_out_channels=(4, 8, 8, 8), latent_channels=2, layers_per_block=1,
                                        norm_num_groups=2),
                 AutoencoderKLLTXVideo(in_channels=3, out_channels=3, latent_channels=4, patch_size=1,
-                                      block_out_channels=(4, 8, 8, 8), decoder_block_out_channels=(4, 8, 8, 8))):
+                                      block_out_channels=(4, 8, 8, 8), decoder_block_out_channels=(4, 8, 8, 8)),
+                AutoencoderKLAllegro(block_out_channels=(8, 8), down_block_types=("AllegroDownBlock3D",) * 2,
+                                     up_block_types=("AllegroUpBlock3D",) * 2, temporal_downsample_blocks=(True, True),
+                                     temporal_upsample_blocks=(True, True), layers_per_block=1, norm_num_groups=2)):
         hd.parallelize_vae(vae)
         assert not vae.use_tiling
         for method in ("tiled_encode", "tiled_decode", "_temporal_tiled_encode", "_temporal_tiled_decode"):

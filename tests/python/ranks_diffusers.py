@@ -96,9 +96,10 @@ class float64_rms_norm:
 
 
 def check(build, shape_hw, decode_args=lambda z: (), shipped=False, splits=GROUPS, whole_clip=lambda vae: None,
-          checkpointing=False, float32_input=False):
+          checkpointing=False, float32_input=False, frames_dim=2):
     """For each split of this world size: the sharded encode + decode of a
-    clip against the whole one, forward and backward. ``shipped``: the first
+    clip against the whole one, forward and backward (``frames_dim``: the
+    decoded sample's time axis; Allegro's is 1). ``shipped``: the first
     split only, the model's RMSNorm as diffusers ships it (see SHIPPED_TOL).
     ``float32_input``: the first split only, the input gradient alone
     within SHIPPED_TOL (it comes back through a cast to float32)."""
@@ -118,7 +119,8 @@ def check(build, shape_hw, decode_args=lambda z: (), shipped=False, splits=GROUP
             sharded.enable_gradient_checkpointing()
         whole_clip(whole)
         r = hd.temporal_compression(sharded)
-        split = hd.split_clip(1 + r * sum(groups), ranks.WORLD, r, groups=groups)
+        first = hd.first_frame(sharded)
+        split = hd.split_clip(first + r * sum(groups), ranks.WORLD, r, groups=groups, first_frame=first)
         x = torch.randn(1, 3, split.num_frames, *shape_hw, dtype=torch.float64, requires_grad=True)
         z = whole.encode(x).latent_dist.mode()
         y = whole.decode(z, *decode_args(z)).sample
@@ -131,20 +133,23 @@ def check(build, shape_hw, decode_args=lambda z: (), shipped=False, splits=GROUP
         convs = [m for m in sharded.modules() if isinstance(m, (halocp.nn.CausalConv3d, halocp.nn.CenteredConv3d))]
         rerun = []
         hooks = [m.register_forward_hook(lambda *_: rerun.append(1)) for m in convs]
-        torch.autograd.backward((z_local, y_local), (hd.shard_clip(gz, split, latent=True), hd.shard_clip(gy, split)))
+        torch.autograd.backward((z_local, y_local), (hd.shard_clip(gz, split, latent=True),
+                                                     hd.shard_clip(gy, split, dim=frames_dim)))
         for h in hooks:
             h.remove()
         expect(bool(rerun) == checkpointing, f"{len(rerun)} convolutions ran again in the backward")
 
         what = f"{type(whole).__name__} groups {groups} ({split.num_frames} frames{', checkpointed' * checkpointing})"
         keep(close(z_local, hd.shard_clip(z.detach(), split, latent=True), what + ": latents", rel), rel)
-        keep(close(y_local, hd.shard_clip(y.detach(), split), what + ": decoded", rel), rel)
+        keep(close(y_local, hd.shard_clip(y.detach(), split, dim=frames_dim), what + ": decoded", rel), rel)
         keep(close(x_local.grad, hd.shard_clip(x.grad, split), what + ": input grad", rel_x), rel_x)
-        expect(torch.equal(hd.gather_clip(y_local, split), torch.cat(gathered(y_local), 2)), what + ": gather_clip")
+        expect(torch.equal(hd.gather_clip(y_local, split, dim=frames_dim), torch.cat(gathered(y_local), frames_dim)),
+               what + ": gather_clip")
         with torch.no_grad():  # serving: the same frames, no graph
             y_served = sharded.decode(z_local.detach(), *decode_args(z_local)).sample
         expect(y_served.grad_fn is None, what + ": decode under no_grad kept a graph")
-        keep(close(y_served, hd.shard_clip(y.detach(), split), what + ": decoded under no_grad", rel), rel)
+        keep(close(y_served, hd.shard_clip(y.detach(), split, dim=frames_dim), what + ": decoded under no_grad", rel),
+             rel)
         named = dict(whole.named_parameters())
         for name, p in sharded.named_parameters():
             g = p.grad if p.grad is not None else torch.zeros_like(p)
@@ -161,7 +166,8 @@ def gathered(t):
     return parts
 
 
-def check_reduced(build, shape_hw, tol, splits=GROUPS, whole_clip=lambda vae: None, autocast=False):
+def check_reduced(build, shape_hw, tol, splits=GROUPS, whole_clip=lambda vae: None, autocast=False,
+                  decode_args=lambda z: (), frames_dim=2):
     """The first split of this world size in float32 (``autocast``: under
     bfloat16 autocast over float32 weights, as a bf16 training step runs),
     forward and backward. Shards round differently from the whole clip
@@ -173,10 +179,11 @@ def check_reduced(build, shape_hw, tol, splits=GROUPS, whole_clip=lambda vae: No
     torch.manual_seed(2000)
     whole = build().float()
     sharded = hd.parallelize_vae(copy.deepcopy(whole))
-    whole_clip(whole)
     exact = copy.deepcopy(whole).double()
-    r = hd.temporal_compression(sharded)
-    split = hd.split_clip(1 + r * sum(groups), ranks.WORLD, r, groups=groups)
+    whole_clip(whole)  # on each model: a hook may hold its own model (one_tile)
+    whole_clip(exact)
+    r, first = hd.temporal_compression(sharded), hd.first_frame(sharded)
+    split = hd.split_clip(first + r * sum(groups), ranks.WORLD, r, groups=groups, first_frame=first)
     x = torch.randn(1, 3, split.num_frames, *shape_hw, dtype=torch.float64)
     gz = gy = None
 
@@ -186,19 +193,32 @@ def check_reduced(build, shape_hw, tol, splits=GROUPS, whole_clip=lambda vae: No
         lowered = autocast and model is not exact
         with torch.autocast("cpu", dtype=torch.bfloat16) if lowered else contextlib.nullcontext():
             zz = model.encode(inp).latent_dist.mode()
-            yy = model.decode(zz).sample
+            yy = model.decode(zz, *[a.to(zz.dtype) for a in decode_args(zz)]).sample
         if gz is None:
             gz, gy = torch.randn(zz.shape, dtype=torch.float64), torch.randn(yy.shape, dtype=torch.float64)
-        grads = (gz, gy) if model is not sharded else (hd.shard_clip(gz, split, latent=True), hd.shard_clip(gy, split))
+        grads = (gz, gy) if model is not sharded else (hd.shard_clip(gz, split, latent=True),
+                                                       hd.shard_clip(gy, split, dim=frames_dim))
         torch.autograd.backward((zz, yy), (grads[0].to(zz.dtype), grads[1].to(yy.dtype)))
         out = {"latents": zz.detach(), "decoded": yy.detach(), "input grad": inp.grad}
         for name, p in model.named_parameters():
             g = p.grad if p.grad is not None else torch.zeros_like(p)
             out["grad of " + name] = summed(g) if model is sharded else g
+            if model is sharded:
+                spread["grad of " + name] = summed(g.abs()).abs().max().item()
         return out
 
+    # A parameter's gradient is each rank's part rounded (under autocast, to
+    # bfloat16: the gradient of the weight autocast cast) before the parts
+    # are summed, as under any data parallelism; where the parts cancel, that
+    # rounding, of about eps times the parts' magnitudes, is the error the
+    # whole model's single rounding does not have.
+    spread = {}
+    eps = torch.finfo(torch.bfloat16 if autocast else torch.float32).eps
+
     def local(key, t):
-        return hd.shard_clip(t, split, latent=key == "latents") if key in ("latents", "decoded", "input grad") else t
+        if key not in ("latents", "decoded", "input grad"):
+            return t
+        return hd.shard_clip(t, split, latent=key == "latents", dim=frames_dim if key == "decoded" else 2)
 
     def error(got, want):
         got, want = got.double(), want.double()
@@ -211,7 +231,11 @@ def check_reduced(build, shape_hw, tol, splits=GROUPS, whole_clip=lambda vae: No
     for key, want in reference.items():
         expect(got[key].dtype == own[key].dtype, f"{what}: {key}: dtype {got[key].dtype}, {own[key].dtype} unsharded")
         err, base = error(got[key], local(key, want)), error(local(key, own[key]), local(key, want))
-        expect(err <= 4 * base + tol, f"{what}: {key}: error {err:.3g} relative > 4 x {base:.3g} + {tol:.3g}")
+        parts = 2 * eps * spread.get(key, 0.0) / max(want.abs().max().item(), 1e-30) if want.numel() else 0.0
+        if base > 1:  # zero within the precision (a key bias's gradient): its value is rounding,
+            parts += 12 * base  # which the split changes (the ranks' parts cancel only once summed)
+        expect(err <= 4 * base + parts + tol,
+               f"{what}: {key}: error {err:.3g} relative > 4 x {base:.3g} + {parts:.3g} (rounded parts) + {tol:.3g}")
         worst, ratio = max(worst, err), max(ratio, err / max(base, 1e-30))
     print(f"max error: relative {worst:.3g}, at most {ratio:.2f}x the whole model's ({what})", flush=True)
 
@@ -257,6 +281,137 @@ def scenario_ltx095():
 
 
 
+def ltx2(**config):
+    from diffusers import AutoencoderKLLTX2Video
+
+    # Three down blocks of each kind that compresses time (space-to-depth in
+    # time and space, in time alone, a strided conv) and three up blocks
+    # (depth-to-space in time and space, in time alone): 8 in time, 4 in
+    # space, so 8x8 frames keep 2x2 latents (the decoder's reflect padding
+    # wants more than one pixel).
+    kw = dict(in_channels=3, out_channels=3, latent_channels=4, patch_size=1, block_out_channels=(8, 8, 8),
+              down_block_types=("LTX2VideoDownBlock3D",) * 3, layers_per_block=(1, 1, 1, 1),
+              spatio_temporal_scaling=(True, True, True), downsample_type=("spatiotemporal", "temporal", "conv"),
+              decoder_block_out_channels=(8, 16, 32), decoder_layers_per_block=(1, 1, 1, 1),
+              decoder_spatio_temporal_scaling=(True, True, True), decoder_inject_noise=(False,) * 4,
+              upsample_type=("spatiotemporal", "temporal", "spatiotemporal"), upsample_residual=(True,) * 3,
+              upsample_factor=(2, 2, 2), timestep_conditioning=True, temporal_compression_ratio=8,
+              spatial_compression_ratio=4)
+    return lambda: AutoencoderKLLTX2Video(**{**kw, **config})
+
+
+def ltx2_temb(z):
+    return (torch.full((z.shape[0],), 0.05, dtype=z.dtype),)
+
+
+def scenario_ltx2():
+    """LTX-2 (AutoencoderKLLTX2Video): LTX's blocks with their causality a
+    call's argument, per-position RMS norms (in the input's dtype: no
+    float32 rounding), reflect padding in the decoder's space, a
+    timestep-conditioned decoder; the decoder centred on one split of this
+    world size, causal (the class's default) with activation checkpointing
+    on the other."""
+    check(ltx2(decoder_causal=False), (8, 8), decode_args=ltx2_temb, splits={w: g[1:] for w, g in GROUPS.items()})
+    check(ltx2(decoder_causal=True), (8, 8), decode_args=ltx2_temb, splits={w: g[:1] for w, g in GROUPS.items()},
+          checkpointing=True)
+
+
+def scenario_ltx2_errors():
+    """A shard the split does not allow (the last rank one frame short) is
+    refused on every rank alike, naming the rank and its length; so is a
+    rank 0 without latent frames, and a decode asking a non-causal decoder
+    for causal frames."""
+    import pytest
+
+    vae = hd.parallelize_vae(ltx2(decoder_causal=False)().double())
+    last = ranks.WORLD - 1
+    frames = (1 if ranks.RANK == 0 else 0) + 8 - (ranks.RANK == last)
+    # a HaloError, as halocp's layers refuse a bad shard (and a ValueError, as before)
+    with pytest.raises(halocp.HaloError, match=f"AutoencoderKLLTX2Video.encode: rank {last} holds {8 + (last == 0) - 1} "
+                                         "frames: the split wants rank 0 holds 1 "):
+        vae.encode(torch.zeros(1, 3, frames, 8, 8, dtype=torch.float64))
+    temb = ltx2_temb(torch.zeros(1, dtype=torch.float64))
+    with pytest.raises(ValueError, match="rank 0 holds 0 latent frames"):
+        vae.decode(torch.zeros(1, 4, 0 if ranks.RANK == 0 else 1, 2, 2, dtype=torch.float64), *temb)
+    with pytest.raises(NotImplementedError, match="non-causal part as configured; causal=True asks for the other"):
+        vae.decode(torch.zeros(1, 4, 1, 2, 2, dtype=torch.float64), *temb, causal=True)
+    # diffusers' default ratio counts the scaling blocks (8), whatever they scale (4 here)
+    with pytest.raises(ValueError, match="temporal_compression_ratio \\(8\\) is not its down-samplers'.*=4$"):
+        hd.parallelize_vae(ltx2(temporal_compression_ratio=None, downsample_type=("spatial", "temporal", "conv"))())
+
+
+def allegro(**config):
+    from diffusers import AutoencoderKLAllegro
+
+    # Three levels, time halved at the first two (decoder: doubled at the
+    # last two), space at the first two: 8x8 frames keep 2x2 latents.
+    kw = dict(block_out_channels=(8, 8, 8), down_block_types=("AllegroDownBlock3D",) * 3,
+              up_block_types=("AllegroUpBlock3D",) * 3, temporal_downsample_blocks=(True, True, False),
+              temporal_upsample_blocks=(False, True, True), latent_channels=4, layers_per_block=1,
+              norm_num_groups=2, temporal_compression_ratio=4)
+    # eval(): its temporal layers hold dropout of 0.1 whatever the config, whose
+    # masks no two runs draw alike (the sharded model draws its own per shard)
+    return lambda: AutoencoderKLAllegro(**{**kw, **config}).eval()
+
+
+def one_tile(vae):
+    """Allegro as shipped encodes and decodes in tiles only (24 frames of
+    320x320 pixels, overlapping, blended; without tiling it raises): with
+    one tile the size of the clip there is nothing to blend, and the tiled
+    calls are the model on the whole clip in one call, as the sharded model
+    computes it."""
+    vae.enable_tiling()
+    encode, decode = vae.tiled_encode, vae.tiled_decode
+    r, s = vae.config.temporal_compression_ratio, vae.spatial_compression_ratio
+
+    def tiled_encode(x):
+        vae.kernel = vae.stride = tuple(x.shape[2:])
+        return encode(x)
+
+    def tiled_decode(z):
+        vae.kernel = vae.stride = (z.shape[2] * r, z.shape[3] * s, z.shape[4] * s)
+        return decode(z)
+
+    vae.tiled_encode, vae.tiled_decode = tiled_encode, tiled_decode
+
+
+def scenario_allegro():
+    """Allegro (AutoencoderKLAllegro): per-frame 2-d blocks and their
+    GroupNorms, temporal conv layers with GroupNorm over time and centred
+    convs replicating the clip's ends, zero-padded temporal convs, the
+    kernel-2 stride-2 halving of time and the depth-to-space doubling; no
+    frame apart (every rank 4*k frames: an empty rank 0 included); one split
+    of this world size plain, the other with activation checkpointing. Against the model as shipped, one tile the
+    size of the clip (one_tile)."""
+    check(allegro(), (8, 8), whole_clip=one_tile, frames_dim=1, splits={w: g[1:] for w, g in ALLEGRO_GROUPS.items()})
+    check(allegro(), (8, 8), whole_clip=one_tile, frames_dim=1, splits={w: g[:1] for w, g in ALLEGRO_GROUPS.items()},
+          checkpointing=True)
+
+
+# GROUPS, but for one rank a clip of 4 frames: without a first frame apart,
+# [0] would be no clip at all (the others' [0, ...] are an empty rank 0).
+ALLEGRO_GROUPS = {**GROUPS, 1: [[2], [1]]}
+
+
+def scenario_allegro_errors():
+    """A shard the split does not allow (the last rank two frames short:
+    pairs would straddle shards) is refused on every rank alike, naming the
+    rank and its length; a tiled call is refused."""
+    import pytest
+
+    vae = hd.parallelize_vae(allegro()().double())
+    last = ranks.WORLD - 1
+    frames = 4 - 2 * (ranks.RANK == last)
+    with pytest.raises(halocp.HaloError, match=f"AutoencoderKLAllegro.encode: rank {last} holds 2 frames: the split wants "
+                                         "every rank holds 4\\*k frames"):
+        vae.encode(torch.zeros(1, 3, frames, 8, 8, dtype=torch.float64))
+    vae.enable_tiling()
+    with pytest.raises(RuntimeError, match="leave tiling off"):
+        vae.decode(torch.zeros(1, 4, 1, 2, 2, dtype=torch.float64))
+    with pytest.raises(ValueError, match="temporal_compression_ratio \\(4\\) is not its encoder's 2"):
+        hd.parallelize_vae(allegro(temporal_downsample_blocks=(True, False, False))())
+
+
 def scenario_cogvideox():
     """CogVideoX: causal convs with the first frame repeated, GroupNorm over
     time, the temporal average of pairs after the first frame, the decoder's
@@ -295,6 +450,20 @@ def scenario_reduced():
     check_reduced(_cogvideox, (8, 8), F32_TOL, splits=EVEN_GROUPS, whole_clip=one_frame_batch)
     check_reduced(ltx(**LTX090), (8, 8), BF16_TOL, autocast=True)
     check_reduced(_cogvideox, (8, 8), BF16_TOL, splits=EVEN_GROUPS, whole_clip=one_frame_batch, autocast=True)
+
+
+def scenario_reduced_more():
+    """float32 for every other model (the first split of each world size);
+    bf16 autocast for Wan (its zero-padded convs take the fused path, whose
+    backward failed under autocast: float32 weights beside a bfloat16
+    gradient)."""
+    check_reduced(mochi(), (8, 8), F32_TOL)
+    check_reduced(hunyuan_video(), (8, 8), F32_TOL, splits=SHORT_GROUPS)
+    check_reduced(hunyuan_video15(), (8, 8), F32_TOL)
+    check_reduced(wan(), (8, 8), F32_TOL)
+    check_reduced(ltx2(decoder_causal=False), (8, 8), F32_TOL, decode_args=ltx2_temb)
+    check_reduced(allegro(), (8, 8), F32_TOL, whole_clip=one_tile, frames_dim=1, splits=ALLEGRO_GROUPS)
+    check_reduced(wan(), (8, 8), BF16_TOL, autocast=True)
 
 
 def mochi(**config):
@@ -478,15 +647,17 @@ def scenario_hunyuan_video15():
     only, per-frame RMS norms, the mid-blocks' causal frame attention; and
     with activation checkpointing. It has no temporal tiling: against the
     model as shipped."""
-    from diffusers import AutoencoderKLHunyuanVideo15
-
-    def build():
-        return AutoencoderKLHunyuanVideo15(in_channels=3, out_channels=3, latent_channels=4,
-                                           block_out_channels=(8, 16, 16), layers_per_block=1,
-                                           spatial_compression_ratio=4, temporal_compression_ratio=4)
-
+    build = hunyuan_video15()
     check(build, (8, 8))
     check(build, (8, 8), splits={w: g[:1] for w, g in GROUPS.items()}, checkpointing=True)
+
+
+def hunyuan_video15(**config):
+    from diffusers import AutoencoderKLHunyuanVideo15
+
+    return lambda: AutoencoderKLHunyuanVideo15(in_channels=3, out_channels=3, latent_channels=4,
+                                               block_out_channels=(8, 16, 16), layers_per_block=1,
+                                               spatial_compression_ratio=4, temporal_compression_ratio=4, **config)
 
 
 def wan(**config):

@@ -1,7 +1,8 @@
 """halocp's copies of include/halo.h (constants, structs, version) against
-the header itself. Needs neither libhalo.so nor torch:
+the header itself, and the built library's exports against the header.
+Needs no torch; the exports check needs libhalo.so:
 
-    python3 -m pytest -p no:cacheprovider -q tests/python/test_abi.py
+    HALO_LIBRARY=build/lib/libhalo.so python3 -m pytest -p no:cacheprovider -q tests/python/test_abi.py
 """
 
 from __future__ import annotations
@@ -9,7 +10,10 @@ from __future__ import annotations
 import ast
 import ctypes
 import importlib.util
+import os
 import re
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -200,3 +204,29 @@ def test_blocking_calls_wrap_halo_exchange():
         assert m, f"capi/halo.c: no definition of {name}"
         assert f"return halo_exchange(plan, HALO_DIR_{direction}, b, {n}, NULL);" in m[1], \
             f"capi/halo.c: {name} is not a halo_exchange call:{m[1]}"
+
+
+def _exported(lib: Path) -> set[str]:
+    """The functions that lib's dynamic symbol table defines (nm -D)."""
+    nm = shutil.which("nm")
+    if nm is None:
+        pytest.fail("nm (binutils) is not on PATH: cannot read libhalo.so's exports")
+    run = subprocess.run([nm, "-D", "--defined-only", str(lib)], capture_output=True, text=True)
+    assert run.returncode == 0, f"nm -D {lib}: {run.stderr.strip()}"
+    # "address type name[@version]"; T/W/i: code.
+    return {f[2].split("@")[0] for f in (line.split() for line in run.stdout.splitlines()) if len(f) == 3 and f[1] in "TWi"}
+
+
+def test_library_exports_the_header():
+    """libhalo.so (HALO_LIBRARY, which the ctest python_abi sets) exports
+    every function include/halo.h declares, and no other halo_* name: a
+    helper of ours that leaks would read as part of the ABI."""
+    path = os.environ.get("HALO_LIBRARY")
+    if not path:
+        pytest.skip("HALO_LIBRARY is not set: the ctest python_abi checks the built libhalo.so")
+    declared, exported = set(_declarations()), _exported(Path(path))
+    assert len(declared) >= 38, f"include/halo.h: parsed only {sorted(declared)}"
+    missing = sorted(declared - exported)
+    extra = sorted(n for n in exported - declared if n.startswith("halo_"))
+    assert not missing, f"{path} does not export {missing}, which include/halo.h declares"
+    assert not extra, f"{path} exports {extra}, which include/halo.h does not declare"

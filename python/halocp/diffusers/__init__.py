@@ -1,7 +1,8 @@
 """diffusers' video VAEs sharded along time, in one call.
 
     vae = halocp.diffusers.parallelize_vae(vae, group=cp_group)
-    split = halocp.diffusers.split_clip(clip.shape[2], world, halocp.diffusers.temporal_compression(vae))
+    split = halocp.diffusers.split_clip(clip.shape[2], world, halocp.diffusers.temporal_compression(vae),
+                                        first_frame=halocp.diffusers.first_frame(vae))
     x_local = halocp.diffusers.shard_clip(clip, split, cp_group)
     z_local = vae.encode(x_local).latent_dist.mode()      # this rank's latent frames
     y_local = vae.decode(z_local).sample                   # this rank's frames again
@@ -25,14 +26,15 @@ halocp needs none of it.
 from __future__ import annotations
 
 from . import _convert as cv
-from . import cogvideox, hunyuan_video, ltx, mochi, wan
+from . import allegro, cogvideox, hunyuan_video, ltx, mochi, wan
+from ._convert import FrameCountError
 from .split import ClipSplit, Shard, gather_clip, shard_clip, split_clip, temporal_compression
 
-__all__ = ["parallelize_vae", "supported_classes", "temporal_compression", "split_clip", "ClipSplit", "Shard",
-           "shard_clip", "gather_clip"]
+__all__ = ["parallelize_vae", "supported_classes", "temporal_compression", "first_frame", "split_clip", "ClipSplit",
+           "Shard", "shard_clip", "gather_clip", "FrameCountError"]
 
 # The families, in the order supported_classes lists them.
-_FAMILIES = (ltx, cogvideox, mochi, hunyuan_video, wan)
+_FAMILIES = (ltx, cogvideox, mochi, hunyuan_video, wan, allegro)
 
 
 def _table(name):
@@ -47,11 +49,19 @@ def _table(name):
 
 _MODELS = _table("MODELS")
 _BLOCKS = _table("BLOCKS")
+_NO_FIRST_FRAME = {name for family in _FAMILIES for name in getattr(family, "NO_FIRST_FRAME", ())}
 
 
 def supported_classes() -> tuple[str, ...]:
     """The diffusers VAE classes parallelize_vae converts."""
     return tuple(_MODELS)
+
+
+def first_frame(vae) -> bool:
+    """Whether ``vae`` treats the clip's first frame apart (a clip of
+    1 + r*k frames, rank 0 holding the extra one), as every supported model
+    but Allegro does: :func:`split_clip`'s ``first_frame``."""
+    return not any(c.__name__ in _NO_FIRST_FRAME for c in type(vae).__mro__)
 
 
 def parallelize_vae(vae, group=None):

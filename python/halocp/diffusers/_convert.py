@@ -8,7 +8,9 @@ import types
 
 import torch
 
+from .. import _lib
 from .. import nn as cpnn
+from .._lib import HaloError
 from .._sharding import world_and_rank
 from .._splits import ShardTable
 
@@ -50,6 +52,25 @@ def groupnorm(norm, group):
         adopt(new, norm)
     return new
 
+
+
+class FrameGroupNorm(torch.nn.Module):
+    """A model's GroupNorm whose statistics are per frame (the frames are its
+    batch: Mochi's chunked norm, Allegro's 2-d blocks), so local; held apart
+    from torch's GroupNorm, which convert_layers takes for a norm over
+    time. The model's own Parameters, under the same names."""
+
+    def __init__(self, norm):
+        super().__init__()
+        self.num_groups, self.num_channels, self.eps, self.affine = \
+            norm.num_groups, norm.num_channels, norm.eps, norm.affine
+        self.weight, self.bias = norm.weight, norm.bias
+
+    def forward(self, x):
+        return torch.nn.functional.group_norm(x, self.num_groups, self.weight, self.bias, self.eps)
+
+    def extra_repr(self):
+        return f"{self.num_groups}, {self.num_channels}, eps={self.eps}, affine={self.affine}, per frame"
 
 def holds_first_frame(group) -> bool:
     """Whether this rank holds the clip's first frame: rank 0 of the group,
@@ -143,19 +164,31 @@ def frames_3d(y, n, t):
 
 
 
-def check_frames(vae, x, latent):
+class FrameCountError(HaloError, ValueError):
+    """check_frames' refusal: a HaloError, as halocp's layers refuse a bad
+    shard, and a ValueError, as the converted models first raised it."""
+
+
+FrameCountError.__module__ = "halocp.diffusers"
+
+
+def check_frames(vae, x, latent, first_frame=True):
     """Refuse, on every rank alike, a shard that the split does not allow:
     rank 0 holds 1 + r*k0 frames (1 + k0 latent frames), rank i > 0 r*ki
-    (ki latent frames). Without this a wrong length would give wrong frames,
-    silently: the strided convs would still agree on some split. One small
-    exchange of every rank's length (the shard table)."""
+    (ki latent frames); without ``first_frame`` (a model that treats no frame
+    apart) every rank r*ki. Without this a wrong length would give wrong
+    frames, silently: the strided convs would still agree on some split. One
+    small exchange of every rank's length (the shard table)."""
     r = 1 if latent else vae.temporal_compression_ratio
+    first = int(first_frame)
     table = ShardTable.of(vae._halocp_group, [x.shape[2] if x.dim() == 5 else -1])
-    bad = [(i, n) for i, (n,) in enumerate(table) if n < (i == 0) or (n - (i == 0)) % r]
+    bad = [(i, n) for i, (n,) in enumerate(table) if n < first * (i == 0) or (n - first * (i == 0)) % r]
     if bad:
         what = "latent frames" if latent else "frames"
-        rule = (f"rank 0 holds 1 + {r}*k0 {what}, rank i > 0 {r}*ki (k >= 0)" if r > 1 else
+        rule = (f"every rank holds {r}*k {what} (k >= 0)" if not first_frame else
+                f"rank 0 holds 1 + {r}*k0 {what}, rank i > 0 {r}*ki (k >= 0)" if r > 1 else
                 "rank 0 holds at least one latent frame")
-        raise ValueError(f"halocp.diffusers: {type(vae).__name__}.{'decode' if latent else 'encode'}: " + "; ".join(
+        raise FrameCountError(_lib.ERR_INVALID_ARGUMENT, f"halocp.diffusers: {type(vae).__name__}."
+                              f"{'decode' if latent else 'encode'}: " + "; ".join(
             f"rank {i} holds {n} {what}" if n >= 0 else f"rank {i}'s input is not (N, C, T, H, W)"
             for i, n in bad) + f": the split wants {rule} (split_clip)")

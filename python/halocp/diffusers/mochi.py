@@ -8,7 +8,6 @@ from __future__ import annotations
 import types
 
 import torch
-import torch.nn.functional as F
 
 from ..attention import cp_attention
 from . import _convert as cv
@@ -47,29 +46,11 @@ def _mochi_model(vae):
     vae._decode = types.MethodType(_decode, vae)
 
 
-class _FrameGroupNorm(torch.nn.Module):
-    """MochiChunkedGroupNorm3D's GroupNorm: statistics per frame (the frames
-    are its batch), so local; held apart from torch's GroupNorm, which the
-    converters take for a norm over time. The model's own Parameters."""
-
-    def __init__(self, norm):
-        super().__init__()
-        self.num_groups, self.num_channels, self.eps, self.affine = \
-            norm.num_groups, norm.num_channels, norm.eps, norm.affine
-        self.weight, self.bias = norm.weight, norm.bias
-
-    def forward(self, x):
-        return F.group_norm(x, self.num_groups, self.weight, self.bias, self.eps)
-
-    def extra_repr(self):
-        return f"{self.num_groups}, {self.num_channels}, eps={self.eps}, affine={self.affine}, per frame"
-
-
 def _mochi_group_norm(m, group):
     """MochiChunkedGroupNorm3D: a GroupNorm over each frame on its own (in
     chunks of frames, which changes nothing): local, an empty shard
     included."""
-    cv.replace(m, "norm_layer", _FrameGroupNorm(m.norm_layer))
+    cv.replace(m, "norm_layer", cv.FrameGroupNorm(m.norm_layer))
 
 
 class _CausalTimeAttention:

@@ -1,6 +1,7 @@
 """How a clip is sharded along time for a VAE of temporal compression r:
-rank 0 holds 1 + r*k0 frames, rank i > 0 r*ki; the public table of every
-rank's offsets and lengths; the cut and the gather back."""
+rank 0 holds 1 + r*k0 frames, rank i > 0 r*ki (every rank r*ki for a VAE
+that treats no frame apart: ``first_frame=False``); the public table of
+every rank's offsets and lengths; the cut and the gather back."""
 
 from __future__ import annotations
 
@@ -31,12 +32,14 @@ class ClipSplit:
     """How a clip of ``num_frames = 1 + compression * sum(groups)`` frames is
     sharded: rank 0 holds ``1 + compression * groups[0]`` frames, rank i > 0
     ``compression * groups[i]``; their latents are ``1 + groups[0]`` and
-    ``groups[i]`` frames. ``shards`` is the public table of every rank's
-    offsets and lengths."""
+    ``groups[i]`` frames. Without ``first_frame`` the clip is ``compression *
+    sum(groups)`` frames and rank 0 holds no extra one. ``shards`` is the
+    public table of every rank's offsets and lengths."""
 
     num_frames: int
     compression: int
     groups: tuple[int, ...]
+    first_frame: bool = True
 
     @property
     def world(self) -> int:
@@ -44,11 +47,11 @@ class ClipSplit:
 
     @property
     def lengths(self) -> tuple[int, ...]:
-        return tuple(self.compression * k + (r == 0) for r, k in enumerate(self.groups))
+        return tuple(self.compression * k + (r == 0 and self.first_frame) for r, k in enumerate(self.groups))
 
     @property
     def latent_lengths(self) -> tuple[int, ...]:
-        return tuple(k + (r == 0) for r, k in enumerate(self.groups))
+        return tuple(k + (r == 0 and self.first_frame) for r, k in enumerate(self.groups))
 
     @property
     def shards(self) -> tuple[Shard, ...]:
@@ -67,23 +70,26 @@ def temporal_compression(vae) -> int:
     return int(r)
 
 
-def split_clip(num_frames: int, world: int, compression: int, groups=None) -> ClipSplit:
+def split_clip(num_frames: int, world: int, compression: int, groups=None, *, first_frame: bool = True) -> ClipSplit:
     """The split of a ``1 + compression * k`` frame clip over ``world`` ranks:
     balanced (the k groups of ``compression`` frames spread as evenly as
     they go, the spare ones to the last ranks, since rank 0 also holds the
-    first frame), or ``groups`` (each rank's count k_i >= 0) as given."""
+    first frame), or ``groups`` (each rank's count k_i >= 0) as given.
+    ``first_frame=False``: a ``compression * k`` frame clip, for a VAE that
+    treats no frame apart (:func:`first_frame`)."""
     if world < 1 or compression < 1:
         raise ValueError(f"split_clip: world ({world}) and compression ({compression}) must be positive")
-    k, rest = divmod(num_frames - 1, compression)
-    if num_frames < 1 or rest:
-        raise ValueError(f"split_clip: a clip of {num_frames} frames is not 1 + {compression} * k frames")
+    k, rest = divmod(num_frames - bool(first_frame), compression)
+    if num_frames < bool(first_frame) or rest:
+        raise ValueError(f"split_clip: a clip of {num_frames} frames is not {'1 + ' * bool(first_frame)}"
+                         f"{compression} * k frames")
     if groups is None:
         q, spare = divmod(k, world)
         groups = [q + (r >= world - spare) for r in range(world)]
     groups = tuple(int(g) for g in groups)
     if len(groups) != world or min(groups) < 0 or sum(groups) != k:
         raise ValueError(f"split_clip: groups {list(groups)} are not {world} counts >= 0 summing to {k}")
-    return ClipSplit(num_frames, compression, groups)
+    return ClipSplit(num_frames, compression, groups, bool(first_frame))
 
 
 def _rank_of(split, group):
