@@ -75,7 +75,7 @@ def main() -> int:
             wrong = sum(int((a.view(torch.int32) != b.view(torch.int32)).sum()) for a, b in zip(want, got))
             wrong_total += wrong
             t = timed({"host": call(x, mode, False), "staged": call(x, mode, True)})
-            lay = next(v for k, v in comm.cuda_layouts.items() if tuple(x.shape) in k and k[-1] == mode)
+            lay = next(v for k, v in comm.cached("buffers").items() if tuple(x.shape) in k and k[-1] == mode)
             buffers = sum(b.numel() * b.element_size() for b in (lay.x, lay.gx, lay.lh, lay.rh, lay.gl, lay.gr))
             shard = x.numel() * x.element_size()
             ratio = t["staged"] / t["host"]

@@ -4,11 +4,13 @@ backward through the eager autograd Function, through the torch.compile
 custom op called eagerly, and F.pad's forward + backward (the local work with
 no communication), alternating blocks in one process.
 
-    HALO_LIBRARY=build/lib/libhalo.so PYTHONPATH=python python3 bench/torch_step.py [--steps 4000] [--rounds 3] [--profile]
+    HALO_LIBRARY=build/lib/libhalo.so PYTHONPATH=python python3 bench/torch_step.py [--steps 4000] [--rounds 3] [--profile] [--pieces]
 
 One rank (gloo, world 1): the wire is the library's loopback; what is
 measured is Python, ctypes, autograd and allocations. --profile prints
-cProfile's top entries of the Function's steps.
+cProfile's top entries of the Function's steps; --pieces adds two pieces of
+the forward, in blocks of 5x the steps: the route lookup (exchange.route,
+a cache hit) and Route.run (the output's allocation and the C call).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--port", default=os.environ.get("MASTER_PORT", "29731"))
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--pieces", action="store_true")
     args = ap.parse_args()
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ["MASTER_PORT"] = args.port
@@ -53,20 +56,29 @@ def main() -> None:
         F.pad(x, (0, 0, 0, 0, 1, 1)).backward(g)
 
     ways = {"function": function, "custom op": custom_op, "F.pad floor": floor}
+    steps = dict.fromkeys(ways, args.steps)
+    if args.pieces:
+        from halocp import exchange
+
+        xd = x.detach()
+        route = exchange.route("copy", xd, 1, 1, 2, None, "zeros")
+        ways["route lookup"] = lambda: exchange.route("copy", xd, 1, 1, 2, None, "zeros")
+        ways["Route.run"] = lambda: route.run(xd)
+        steps["route lookup"] = steps["Route.run"] = 5 * args.steps
     times = {k: [] for k in ways}
     for _ in range(args.rounds):
         for name, fn in ways.items():
             for _ in range(200):
                 fn()
             t0 = time.perf_counter()
-            for _ in range(args.steps):
+            for _ in range(steps[name]):
                 fn()
-            times[name].append((time.perf_counter() - t0) / args.steps * 1e6)
+            times[name].append((time.perf_counter() - t0) / steps[name] * 1e6)
     print(f"# per step (forward + backward), us; {args.rounds} alternating blocks of {args.steps}; median of blocks")
     base = statistics.median(times["F.pad floor"])
     for name, ts in times.items():
         m = statistics.median(ts)
-        print(f"{name:>12} {m:8.1f} us  {m / base:5.2f}x floor   blocks: {', '.join(f'{t:.1f}' for t in ts)}")
+        print(f"{name:>12} {m:8.2f} us  {m / base:5.2f}x floor   blocks: {', '.join(f'{t:.1f}' for t in ts)}")
     if args.profile:
         pr = cProfile.Profile()
         pr.enable()

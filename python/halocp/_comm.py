@@ -15,10 +15,12 @@ import torch.distributed as dist
 from . import _lib
 from ._lib import HaloError
 
-# Plans a communicator keeps before it lets the least recently used go.
-# Eviction is local, so it stays in step across ranks exactly when the plan
-# lookups do (the same calls in the same order on every rank).
-PLAN_CACHE_SIZE = 64
+# Entries of prepared state a communicator keeps (Communicator.prepared)
+# before it lets the least recently used go: a layout takes one to three
+# (its route, its plan, the CUDA paths' buffers), so 64 layouts fit.
+# Eviction is local and never needed in step with the other ranks: plans are
+# deferred, agreed on in their exchanges (a rank may miss while another hits).
+CACHE_SIZE = 192
 
 _BOOTSTRAP_TIMEOUT_VAR = "HALO_BOOTSTRAP_TIMEOUT_MS"
 
@@ -52,7 +54,7 @@ def _group_name(group) -> str:
 _generations: dict = {}
 
 
-class _Exchange:
+class _StoreGather:
     """An all-gather of small values through the default process group's
     store, with a deadline: a rank that never comes is named in a HaloError
     when the deadline passes, instead of leaving the others in a collective
@@ -110,18 +112,17 @@ class Communicator:
     connects. Use :func:`halocp.communicator` to get one.
     """
 
-    # Per-communicator state beside the plans, released by close():
+    # Per-communicator state, released by close():
+    # cache: the prepared state (Communicator.prepared): plans, each form's
+    # route per layout and device path (halocp.exchange.route), the CUDA
+    # paths' buffers (halocp._cuda), keyed by (kind, ...);
     # cuda_path: "direct" or "staged" once asked (halocp._cuda);
-    # cuda_layouts: the CUDA paths' layouts (plans and device or pinned buffers);
     # dropped: exchanges whose handles were dropped unwaited (halocp._inflight);
-    # routes: each form's exchange per layout and device path, prepared once
-    # (halocp.exchange.route);
     # waited: stream-ordered exchanges that a stream was told to wait for,
     # to free once they have ended (halocp._inflight.reap).
+    cache: OrderedDict
     cuda_path: str | None
-    cuda_layouts: OrderedDict
     dropped: list
-    routes: dict
     waited: list
 
     def __init__(self, group, timeout: float | None = None):
@@ -134,8 +135,7 @@ class Communicator:
                 "loaded libhalo; Go's runtime does not survive a fork, so halocp cannot exchange here. Use it "
                 "in a process started by exec (multiprocessing's or torch.multiprocessing's spawn)",
             )
-        self.cuda_path, self.cuda_layouts, self.dropped, self.routes = None, OrderedDict(), [], {}
-        self.waited = []
+        self.cache, self.cuda_path, self.dropped, self.waited = OrderedDict(), None, [], []
         self.group = group
         self.rank = dist.get_rank(group)
         self.world_size = dist.get_world_size(group)
@@ -148,7 +148,6 @@ class Communicator:
         # The process that made it; a forked child inherits the object, not
         # the communicator (see _forked).
         self.pid = os.getpid()
-        self._plans: OrderedDict[tuple, _lib.Plan] = OrderedDict()
         _made.add(self)
 
         # Every rank takes part in both gathers even when its own step failed,
@@ -160,7 +159,7 @@ class Communicator:
             # Said on every rank through the gathers, which need some bound:
             # any will do, this rank fails once the others have heard.
             deadline, failure = 60.0, e
-        self._exchange = _Exchange(group, self.rank, self.world_size, deadline)
+        self._store = _StoreGather(group, self.rank, self.world_size, deadline)
         if failure is None:
             try:
                 if timeout is not None and not timeout > 0:
@@ -185,7 +184,7 @@ class Communicator:
         else:
             value = b"A" + mine
         try:
-            everyone = self._exchange.gather(step, value)
+            everyone = self._store.gather(step, value)
         except HaloError:
             self.close()
             raise
@@ -199,6 +198,48 @@ class Communicator:
                 raise HaloError(int(code), f"halocp: rank {r} could not set up its communicator: {msg}")
         return [v[1:] for v in everyone]
 
+    def prepared(self, key: tuple, make):
+        """The communicator's one cache of prepared state: the entry for key
+        (a tuple whose first item names the kind: "plan", "route",
+        "buffers"), or make()'s result, kept, on a miss. One policy for
+        every kind, least recently used out as CLOCK approximates it: a hit
+        only marks its entry used (``cache[key]`` is ``[value, used]``); a
+        miss past CACHE_SIZE entries sweeps from the oldest, moving a used
+        one to the back unmarked (its second chance) and dropping the first
+        unused one. A hit costs no second hash of the key (an OrderedDict's
+        move_to_end would: a key holds shapes and strides, 0.3 us a call
+        on the route lookup). exchange.route's lookup, once per call, reads
+        ``cache`` itself and marks a hit (``entry[1] = True``): this policy.
+
+        An evicted entry lives on while something holds it (a route its
+        plan, an autograd graph its route); evicting a plan frees its
+        memory once nothing does, and its layout is agreed on afresh in
+        its next exchange (plans are deferred)."""
+        with self.lock:
+            cache = self.cache
+            entry = cache.get(key)
+            if entry is not None:
+                entry[1] = True
+                return entry[0]
+            if self.closed:
+                raise HaloError(_lib.ERR_INVALID_HANDLE, "halocp: the communicator was destroyed")
+            value = make()
+            cache[key] = [value, False]
+            while len(cache) > CACHE_SIZE:
+                oldest, entry = next(iter(cache.items()))
+                if entry[1]:
+                    entry[1] = False
+                    cache.move_to_end(oldest)
+                else:
+                    del cache[oldest]
+            return value
+
+    def cached(self, kind: str) -> dict:
+        """The cache's entries of one kind, by the rest of their keys (least
+        recently used first): for tests and benchmarks."""
+        with self.lock:
+            return {k[1:]: v for k, (v, _) in self.cache.items() if k[0] == kind}
+
     def plan(self, key: tuple, make_params) -> _lib.Plan:
         """The cached plan for key, or a new one made from make_params()
         (called on a miss only).
@@ -209,26 +250,13 @@ class Communicator:
         repeats while another's is new), the exchange itself brings them to
         one agreed layout.
         """
-        with self.lock:
-            p = self._plans.get(key)
-            if p is not None:
-                self._plans.move_to_end(key)
-                return p
-            if self.closed:
-                raise HaloError(_lib.ERR_INVALID_HANDLE, "halocp: the communicator was destroyed")
-            p = _lib.Plan(self, make_params())
-            self._plans[key] = p
-            if len(self._plans) > PLAN_CACHE_SIZE:
-                self._plans.popitem(last=False)
-            return p
+        return self.prepared(("plan",) + key, lambda: _lib.Plan(self, make_params()))
 
     def clear_plans(self) -> None:
-        """Forget every cached plan (local: frees their memory; never needed
-        for correctness)."""
+        """Forget every cached plan, and the prepared state made with them
+        (local: frees their memory; never needed for correctness)."""
         with self.lock:
-            self._plans.clear()
-            self.routes.clear()
-            self.cuda_layouts.clear()
+            self.cache.clear()
 
     def _inherited(self) -> None:
         """Forget, in a forked child, the communicator the parent made: no
@@ -236,9 +264,7 @@ class Communicator:
         is gone), and no lock the fork may have copied while held."""
         self.lock = threading.RLock()
         self.closed, self.handle = True, None
-        self._plans.clear()  # their finalisers see closed and call nothing
-        self.routes.clear()
-        self.cuda_layouts.clear()
+        self.cache.clear()  # the plans' finalisers see closed and call nothing
         self.dropped, self.cuda_path, self.waited = [], None, []
 
     def close(self) -> None:
@@ -251,16 +277,14 @@ class Communicator:
             if self.closed:
                 return
             self.closed = True
-            self._plans.clear()
-            self.routes.clear()
-            self.cuda_layouts.clear()
+            self.cache.clear()
             self.dropped, self.cuda_path, self.waited = [], None, []
             if self.handle is not None:
                 _lib.comm_destroy(self.handle)
                 self.handle = None
 
     def __repr__(self):
-        state = "closed" if self.closed else f"{len(self._plans)} plans"
+        state = "closed" if self.closed else f"{sum(k[0] == 'plan' for k in self.cache)} plans"
         return f"<halocp.Communicator rank {self.rank} of {self.world_size}, {state}>"
 
 

@@ -53,7 +53,7 @@ from torch import Tensor
 
 from . import _inflight, _lib
 from ._route import HalosRoute, Route
-from ._comm import PLAN_CACHE_SIZE, communicator
+from ._comm import communicator
 from ._layout import dim_order, empty_in_order, outermost as _outermost, resized as _halo_shape
 from ._lib import HaloError, halo_dtype
 
@@ -127,7 +127,7 @@ class _Refused(Exception):
     """A CUDA plan refused its layout in its first exchange, on every rank."""
 
 
-class _Layout:
+class _Buffers:
     """One layout's plan and buffers: on the device for a CUDA plan
     (direct), in pinned host memory for a host plan (staged; plain host
     memory for CPU tensors in the dry run)."""
@@ -240,15 +240,15 @@ class _Layout:
             return _lib.stream_handle(torch.cuda.current_stream(self.device).cuda_stream)
         return _FAKE_STREAM
 
-    def _start(self, call, *buffers) -> _inflight.Pending:
+    def _start(self, direction, *buffers) -> _inflight.Pending:
         """Start the plan's exchange of the buffers, after the work queued
         so far: direct, ordered on the current stream (the caller is not
         blocked; for CPU tensors the host waits at the finish as well);
         staged, once the stream has run it, on the host."""
         if not self.direct:
             self._ready()
-            return _inflight.start(self.plan, call, *buffers)
-        pending = _inflight.start(self.plan, call, *buffers, stream=self._stream(), waiter=self._stream,
+            return _inflight.start(self.plan, direction, *buffers)
+        pending = _inflight.start(self.plan, direction, *buffers, stream=self._stream(), waiter=self._stream,
                                   host_wait=not self.cuda)
         if self.plan is not self.agreed:
             # A plan's first exchange agrees on it with the other ranks, and
@@ -279,7 +279,7 @@ class _Layout:
             self.lh.zero_()
             self.rh.zero_()
         try:
-            self.fwd = self._start(_inflight.HALOS_FORWARD, self.x, self.lh, self.rh)
+            self.fwd = self._start(_inflight.FORWARD, self.x, self.lh, self.rh)
         except _Refused:
             self._allocate(direct=False)
             return self.start_halos(x)
@@ -323,7 +323,7 @@ class _Layout:
             for src, dst in slabs:
                 self._copy(dst, src)
         try:
-            pending = self._start(_inflight.HALOS_BACKWARD, self.gl, self.gr, self.gx)
+            pending = self._start(_inflight.BACKWARD, self.gl, self.gr, self.gx)
         except _Refused:
             self._allocate(direct=False)
             return self.start_add(grad_left, grad_right, grad_x)
@@ -393,38 +393,39 @@ def buffer_params(x, lh, rh, gl, gr, gx, left, right, dim, memory, padding_mode=
                             grad_left_strides=gl.stride(), grad_right_strides=gr.stride(), grad_x_strides=gx.stride())
 
 
-def _layout(comm, x: Tensor, left, right, dim, padding_mode) -> _Layout:
-    """The layout of x's shape, dtype and device on the communicator (its
-    plan made on first use)."""
+def _buffers(comm, x: Tensor, left, right, dim, padding_mode) -> _Buffers:
+    """The buffers and plan of x's layout (shape, dtype, device) on the
+    communicator, from its cache (made on first use)."""
     if left < 0 or right < 0:  # before any buffer is sized by them
         raise HaloError(_lib.ERR_INVALID_ARGUMENT, f"halocp: halo sizes must not be negative (left {left}, right {right})")
-    cache = comm.cuda_layouts
-    key = (x.device, x.is_cpu and _stage_cpu, x.dtype, dim, left, right, tuple(x.shape), padding_mode)
-    lay = cache.get(key)
-    if lay is not None:
-        cache.move_to_end(key)
+    key = ("buffers", x.device, x.is_cpu and _stage_cpu, x.dtype, dim, left, right, tuple(x.shape), padding_mode)
+    made = []
+
+    def make():
+        made.append(True)
+        return _new_buffers(comm, x, left, right, dim, padding_mode)
+
+    lay = comm.prepared(key, make)
+    if not made:
         # The plan itself may have left the communicator's cache: look it up
         # (a miss remakes it).
         lay.plan = lay._plan()
-        return lay
+    return lay
+
+
+def _new_buffers(comm, x: Tensor, left, right, dim, padding_mode) -> _Buffers:
     direct = _path(comm) == DIRECT if x.is_cuda else _stage_cpu == DIRECT
     if direct:
         try:
-            lay = _Layout(comm, x, left, right, dim, padding_mode, True)
+            return _Buffers(comm, x, left, right, dim, padding_mode, True)
         except HaloError as e:
             # A CUDA plan's creation refused the layout (a padding other
             # than zeros), from arguments every rank shares: all stage it.
             # A refusal that needs every rank's shard length comes from the
-            # plan's first exchange instead (_Layout._start).
+            # plan's first exchange instead (_Buffers._start).
             if e.code != _lib.ERR_INVALID_ARGUMENT:
                 raise
-            direct = False
-    if not direct:
-        lay = _Layout(comm, x, left, right, dim, padding_mode, False)
-    cache[key] = lay
-    if len(cache) > PLAN_CACHE_SIZE:
-        cache.popitem(last=False)
-    return lay
+    return _Buffers(comm, x, left, right, dim, padding_mode, False)
 
 
 # ------------------------------------------------------------------ routes
@@ -438,7 +439,7 @@ class Copy(Route):
     __slots__ = ("lay", "fmt", "out_fmt")
 
     def __init__(self, comm, x, left, right, dim, padding_mode):
-        self.comm, self.lay, self.fmt = comm, _layout(comm, x, left, right, dim, padding_mode), _format(x)
+        self.comm, self.lay, self.fmt = comm, _buffers(comm, x, left, right, dim, padding_mode), _format(x)
         self.out_fmt = _format(x, _halo_shape(x.shape, dim, x.shape[dim] + left + right))
 
     @torch.no_grad()
@@ -466,7 +467,7 @@ class InPlace(Route):
 
     def __init__(self, comm, padded, left, right, dim, padding_mode):
         x = padded.narrow(dim, left, padded.shape[dim] - left - right)
-        self.comm, self.lay, self.fmt = comm, _layout(comm, x, left, right, dim, padding_mode), _format(padded)
+        self.comm, self.lay, self.fmt = comm, _buffers(comm, x, left, right, dim, padding_mode), _format(padded)
 
     def start(self, padded: Tensor):
         lay = self.lay
@@ -492,7 +493,7 @@ class Halos(HalosRoute):
     __slots__ = ("lay", "fmt", "left_fmt", "right_fmt")
 
     def __init__(self, comm, x, left, right, dim, padding_mode, grad_strides=None):
-        self.comm, self.lay, self.fmt = comm, _layout(comm, x, left, right, dim, padding_mode), _format(x)
+        self.comm, self.lay, self.fmt = comm, _buffers(comm, x, left, right, dim, padding_mode), _format(x)
         self.left_fmt = _format(x, _halo_shape(x.shape, dim, left))
         self.right_fmt = _format(x, _halo_shape(x.shape, dim, right))
 

@@ -15,7 +15,7 @@ from torch import Tensor
 from . import _inflight, _lib
 from ._route import HalosRoute, Route
 from ._lib import halo_dtype
-from ._inflight import FORWARD, BACKWARD, HALOS_FORWARD, HALOS_BACKWARD
+from ._inflight import FORWARD, BACKWARD
 from ._layout import dim_order, empty_in_order, in_strides, padded_shape, resized, strides_in_order
 
 
@@ -146,12 +146,12 @@ class Halos(HalosRoute):
 
     def run(self, x: Tensor):
         lh, rh = self._halos()
-        _inflight.run(self.plan, HALOS_FORWARD, x, lh, rh)
+        _inflight.run(self.plan, FORWARD, x, lh, rh)
         return lh, rh
 
     def start(self, x: Tensor):
         lh, rh = self._halos()
-        return _inflight.start(self.plan, HALOS_FORWARD, x, lh, rh), lambda: (lh, rh)
+        return _inflight.start(self.plan, FORWARD, x, lh, rh), lambda: (lh, rh)
 
     def _grads(self, grad_left, grad_right, grad_x):
         # grad_x is added into in place: it has the plan's strides already.
@@ -161,10 +161,10 @@ class Halos(HalosRoute):
                 grad_right if grad_right.numel() == 0 else in_strides(grad_right, gr), grad_x)
 
     def start_add(self, grad_left, grad_right, grad_x):
-        return _inflight.start(self.plan, HALOS_BACKWARD, *self._grads(grad_left, grad_right, grad_x)), _nothing
+        return _inflight.start(self.plan, BACKWARD, *self._grads(grad_left, grad_right, grad_x)), _nothing
 
     def add(self, grad_left, grad_right, grad_x) -> None:
-        _inflight.run(self.plan, HALOS_BACKWARD, *self._grads(grad_left, grad_right, grad_x))
+        _inflight.run(self.plan, BACKWARD, *self._grads(grad_left, grad_right, grad_x))
 
     def zeros_like_x(self):
         return empty_in_order(self.shapes[2], self.order, self.dtype).zero_()

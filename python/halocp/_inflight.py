@@ -13,17 +13,17 @@ from . import _lib
 from ._comm import _comms, resolve_group
 from ._lib import HaloError
 
-# What a plan call does (the C names are _lib's).
-FORWARD, BACKWARD = _lib.Call.FORWARD, _lib.Call.BACKWARD
-HALOS_FORWARD, HALOS_BACKWARD = _lib.Call.HALOS_FORWARD, _lib.Call.HALOS_BACKWARD
+# What a plan call does: its direction (a halos-only plan's forward fills
+# the halos, its backward adds the halo gradients back).
+FORWARD, BACKWARD = _lib.DIR_FORWARD, _lib.DIR_BACKWARD
 
 
-def run(plan, call: _lib.Call, *tensors) -> None:
-    """A blocking exchange on plan: the C call of ``call`` with the tensors'
-    data pointers, in the header's argument order."""
+def run(plan, direction: int, *tensors) -> None:
+    """A blocking exchange on plan in direction, on the tensors' data
+    pointers in the header's order (_lib.Plan)."""
     if plan.comm.dropped:
         settle(plan.comm)
-    plan.run(call, *[t.data_ptr() for t in tensors])
+    plan.run(direction, *[t.data_ptr() for t in tensors])
 
 
 class Pending:
@@ -37,11 +37,10 @@ class Pending:
     ``host_wait`` (torch's work on CPU tensors is not on that stream). Its
     request is freed once the exchange has ended (see reap)."""
 
-    __slots__ = ("plan", "direction", "call", "tensors", "request", "finished", "stream", "waiter", "host_wait")
+    __slots__ = ("plan", "direction", "tensors", "request", "finished", "stream", "waiter", "host_wait")
 
-    def __init__(self, plan, call, tensors, request, stream=None, waiter=None, host_wait=False):
-        self.plan, self.call, self.tensors, self.request = plan, call, tensors, request
-        self.direction = call.direction
+    def __init__(self, plan, direction, tensors, request, stream=None, waiter=None, host_wait=False):
+        self.plan, self.direction, self.tensors, self.request = plan, direction, tensors, request
         self.finished = False
         self.stream, self.waiter, self.host_wait = stream, waiter, host_wait
 
@@ -100,9 +99,9 @@ class Pending:
             self.plan.comm.waited.append(self)
 
 
-def start(plan, call: _lib.Call, *tensors, stream: int | None = None, waiter=None, host_wait=False) -> Pending:
-    """Start the asynchronous form of ``call`` (e.g. HALOS_FORWARD) on plan,
-    on the host or ordered on a stream (a _lib.stream_handle, with the
+def start(plan, direction: int, *tensors, stream: int | None = None, waiter=None, host_wait=False) -> Pending:
+    """Start an exchange on plan in direction (FORWARD, BACKWARD), on the
+    host or ordered on a stream (a _lib.stream_handle, with the
     waiter and host_wait of Pending); the returned Pending keeps plan and
     tensors alive until it finishes."""
     comm = plan.comm
@@ -110,8 +109,8 @@ def start(plan, call: _lib.Call, *tensors, stream: int | None = None, waiter=Non
         settle(comm)
     if comm.waited:
         reap(comm)
-    request = plan.start(call, [t.data_ptr() for t in tensors], stream)
-    return Pending(plan, call, tensors, request, stream, waiter, host_wait)
+    request = plan.start(direction, [t.data_ptr() for t in tensors], stream)
+    return Pending(plan, direction, tensors, request, stream, waiter, host_wait)
 
 
 def settle(comm) -> None:
@@ -131,7 +130,14 @@ def reap(comm) -> None:
     """Free the requests of the stream-ordered exchanges on comm that were
     waited for on a stream and have ended since. One that failed did so
     after its results were handed to the stream: its failure is raised here,
-    by the next exchange halocp starts on the communicator."""
+    by the next exchange halocp starts on the communicator.
+
+    Why not halo_request_free at the stream's wait (the library would
+    release the request when it ends, and the tensors could be kept by the
+    caching allocator's record_stream): a freed request's result is
+    nobody's. The next call would fail with the communicator's failure,
+    but nothing could say that the results a stream already read were not
+    valid (ranks_cuda.py's scenario_failed_after_wait)."""
     failed, waited = None, comm.waited
     # The proxy runs a communicator's exchanges in the order they were
     # started: the first one that has not ended ends the look.

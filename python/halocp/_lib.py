@@ -9,12 +9,11 @@ params builder and the Plan class below.
 from __future__ import annotations
 
 import ctypes
-import enum
 import os
 import threading
 from pathlib import Path
 
-# The ABI this module was written against: include/halo.h 0.3. These values
+# The ABI this module was written against: include/halo.h 0.4. These values
 # and the structs below are copies of the header; tests/python/test_abi.py
 # checks them against it.
 ABI_MAJOR, ABI_MINOR = 0, 4
@@ -69,7 +68,9 @@ PLAN_PARAM_GRAD_RIGHT_STRIDES = 1 << 9
 PLAN_PARAM_MEMORY_TYPE = 1 << 10
 PLAN_PARAM_DEFERRED = 1 << 11
 
-# halo_direction_t
+# halo_direction_t: what a plan call does (Plan.run's first argument); a
+# halos-only plan's forward sends x's slabs and fills the halos, its backward
+# sends the halo gradients and adds the neighbours' into grad_x.
 DIR_FORWARD, DIR_BACKWARD = 0, 1
 
 # A CUDA stream's handle as halo_exchange_start takes it: CUDA's default
@@ -82,26 +83,6 @@ def stream_handle(cuda_stream: int) -> int:
     ``Stream.cuda_stream``)."""
     return cuda_stream or CU_STREAM_LEGACY
 
-
-class Call(enum.IntEnum):
-    """What a plan call does (Plan.run's first argument)."""
-
-    FORWARD = 0
-    BACKWARD = 1
-    HALOS_FORWARD = 2
-    HALOS_BACKWARD = 3
-
-    @property
-    def direction(self) -> int:
-        return DIR_BACKWARD if self in (Call.BACKWARD, Call.HALOS_BACKWARD) else DIR_FORWARD
-
-
-_CALL_NAMES = {
-    Call.FORWARD: "halo_plan_forward",
-    Call.BACKWARD: "halo_plan_backward",
-    Call.HALOS_FORWARD: "halo_plan_halos_forward",
-    Call.HALOS_BACKWARD: "halo_plan_halos_backward",
-}
 
 MAX_DIMS = 8
 
@@ -257,20 +238,13 @@ def _declare(lib: ctypes.CDLL) -> None:
         "halo_comm_connect": ([vp, ctypes.POINTER(vp), ctypes.POINTER(sz)], c_int),
         "halo_comm_destroy": ([vp], c_int),
         "halo_plan_create": ([vp, ctypes.POINTER(PlanParams), ctypes.POINTER(vp)], c_int),
-        "halo_plan_forward": ([vp, vp, vp], c_int),
-        "halo_plan_backward": ([vp, vp, vp], c_int),
-        "halo_plan_halos_forward": ([vp, vp, vp, vp], c_int),
-        "halo_plan_halos_backward": ([vp, vp, vp, vp], c_int),
         "halo_comm_abort": ([vp], c_int),
+        # Not halocp's: the GPU check's stream test (tests/gpu) calls it through lib().
         "halo_plan_create_multi": ([vp, c_int, ctypes.POINTER(PlanParams), ctypes.POINTER(vp)], c_int),
-        **{
-            f"halo_plan_{call}_multi{start}": ([vp] + [ctypes.POINTER(vp)] * n, c_int)
-            for call, n in (("forward", 2), ("backward", 2), ("halos_forward", 3), ("halos_backward", 3))
-            for start in ("", "_start")
-        },
         "halo_plan_destroy": ([vp], c_int),
         "halo_comm_memory_types": ([vp, ctypes.POINTER(ctypes.c_uint64)], c_int),
         "halo_exchange_start": ([vp, c_int, ctypes.POINTER(vp), sz, vp, ctypes.POINTER(vp)], c_int),
+        # Plan.run's halo_exchange is _exchange below, declared apart.
         "halo_request_test": ([vp, ctypes.POINTER(c_int)], c_int),
         "halo_request_wait": ([vp, vp], c_int),
         "halo_request_free": ([vp], c_int),
@@ -287,13 +261,13 @@ _lib_lock = threading.Lock()
 
 def lib() -> ctypes.CDLL:
     """The loaded library, loaded and checked on first use."""
-    global _lib
+    global _lib, _halo_exchange
     if _lib is None:
         with _lib_lock:
             if _lib is None:
                 handle = _load()
                 _declare(handle)
-                _call_fns[:] = [getattr(handle, _CALL_NAMES[c]) for c in Call]
+                _halo_exchange = _exchange_of(handle)
                 v = handle.halo_version_number()
                 major, minor = v // 10000, v // 100 % 100
                 # Before 1.0 every minor version may change the ABI.
@@ -392,14 +366,32 @@ def comm_destroy(handle) -> None:
 
 # ------------------------------------------------------------------- plans
 
-# The blocking C function of each call kind, resolved once (by lib()).
-_call_fns: list = []
+
+def _exchange_of(handle: ctypes.CDLL):
+    """halo_exchange as Plan.run calls it: its own function object (the
+    library's getattr one has argtypes), with no argtypes, so that ctypes
+    converts nothing per call: every argument is a ctypes object a plan
+    made once (handle, direction, the address of its pointer array, count;
+    None is the NULL stream). That keeps the pair's call as cheap as the
+    0.3 per-form calls, whose arguments were the pointers themselves."""
+    fn = handle["halo_exchange"]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+# halo_exchange without argtypes, resolved once (by lib()).
+_halo_exchange = None
 
 
 class Plan:
     """One libhalo plan and every call on it: made from a PlanParams on a
-    communicator, then run (blocking), or started as a
-    request that is tested, waited for and freed; destroyed when dropped.
+    communicator, then run (blocking), or started as a request that is
+    tested, waited for and freed; destroyed when dropped. Every exchange is
+    the pair's (halo_exchange, halo_exchange_start) in a direction
+    (DIR_FORWARD, DIR_BACKWARD) on the buffers' addresses, in the header's
+    order: x, out (a padded plan's forward); grad_out, grad_x (its
+    backward); x, left, right and grad_left, grad_right, grad_x (a
+    halos-only plan's).
 
     ``comm`` is halocp's Communicator: its ``handle``, its ``lock`` (one
     thread in the library per communicator) and ``closed`` (its plans went
@@ -407,31 +399,40 @@ class Plan:
     stream-ordered exchanges are queued waits for them in the library.)
     """
 
-    __slots__ = ("comm", "handle")
+    __slots__ = ("comm", "handle", "count", "_buffers", "_args")
 
     def __init__(self, comm, params: PlanParams):
         self.comm, self.handle = comm, None
         handle = ctypes.c_void_p()
         check(lib().halo_plan_create(comm.handle, ctypes.byref(params), ctypes.byref(handle)), "halo_plan_create")
         self.handle = handle.value
+        # The buffers' count of either direction: 3 for a halos-only plan.
+        self.count = n = 3 if params.field_mask & PLAN_PARAM_HALOS_ONLY and params.halos_only else 2
+        # The pointer array every call fills (under comm.lock; the library
+        # reads it during the call only: a start copies it). A call with
+        # another number of pointers is halocp's bug: the fill raises.
+        self._buffers = (ctypes.c_void_p * n)()
+        address = ctypes.c_void_p(ctypes.addressof(self._buffers))
+        self._args = tuple((ctypes.c_void_p(self.handle), ctypes.c_int(d), address, ctypes.c_size_t(n), None)
+                           for d in (DIR_FORWARD, DIR_BACKWARD))
 
-    def run(self, call: Call, *pointers: int) -> None:
-        """The blocking call on the buffers' addresses, in the header's
-        argument order: one C call per exchange."""
+    def run(self, direction: int, *pointers: int) -> None:
+        """halo_exchange in direction on the host, on the buffers'
+        addresses (count of them): one C call per exchange."""
         with self.comm.lock:
-            rc = _call_fns[call](self.handle, *pointers)
+            self._buffers[:] = pointers
+            rc = _halo_exchange(*self._args[direction])
             if rc:
-                raise error(rc, _CALL_NAMES[call])
+                raise error(rc, "halo_exchange")
 
-    def start(self, call: Call, pointers, stream: int | None = None) -> int:
-        """halo_exchange_start in call's direction on the buffers' addresses
-        (the blocking call's, in its order), on the host (stream None) or
-        ordered on a stream (a stream_handle); the request, for test, wait
-        and free."""
-        buffers = (ctypes.c_void_p * len(pointers))(*pointers)
+    def start(self, direction: int, pointers, stream: int | None = None) -> int:
+        """halo_exchange_start in direction on the buffers' addresses (run's),
+        on the host (stream None) or ordered on a stream (a stream_handle);
+        the request, for test, wait and free."""
         request = ctypes.c_void_p()
         with self.comm.lock:
-            check(lib().halo_exchange_start(self.handle, int(call.direction), buffers, len(pointers), stream,
+            self._buffers[:] = pointers
+            check(lib().halo_exchange_start(self.handle, direction, self._buffers, self.count, stream,
                                             ctypes.byref(request)), "halo_exchange_start")
         return request.value
 
@@ -454,7 +455,8 @@ class Plan:
         """Release a request that has ended (finished or failed); False,
         and the request kept, when its exchange has not ended yet: the
         library would release a live request when it ends, but the tensors
-        it may still touch are Python's, kept alive by the caller until then."""
+        it may still touch are Python's, kept alive by the caller until then,
+        and its failure would be told to nobody (see _inflight.reap)."""
         done = ctypes.c_int(0)
         with self.comm.lock:
             if lib().halo_request_test(request, ctypes.byref(done)) == SUCCESS and not done.value:

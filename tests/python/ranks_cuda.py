@@ -34,7 +34,7 @@ def _cuda_plan(memory_type, key):
     x, lh, rh = torch.empty(2, 4), torch.empty(2, 1), torch.empty(2, 1)
     p = _cuda.buffer_params(x, lh, rh, lh, rh, x, 1, 1, 1, memory_type)
     plan = halocp.communicator().plan(("test", key), lambda: p)
-    plan.run(_lib.Call.HALOS_FORWARD, x.data_ptr(), lh.data_ptr(), rh.data_ptr())
+    plan.run(_lib.DIR_FORWARD, x.data_ptr(), lh.data_ptr(), rh.data_ptr())
 
 
 def scenario_memory():
@@ -123,22 +123,23 @@ def scenario_staged_nn():
         x = torch.randn(2, 3, frames + ranks.RANK, 4, 5, requires_grad=True)
         want = layer(x)
         want_gx, want_gw = torch.autograd.grad(want.sum(), (x, layer.weight))
-        before = len(comm.cuda_layouts)
+        before = len(comm.cached("buffers"))
         with _cuda.stage_cpu():
             got = layer(x)
             got_gx, got_gw = torch.autograd.grad(got.sum(), (x, layer.weight))
         name = f"{cls.__name__} of {frames + ranks.RANK} frames"
-        expect(len(comm.cuda_layouts) > before, f"{name} under stage_cpu() did not go through the staged path")
+        expect(len(comm.cached("buffers")) > before, f"{name} under stage_cpu() did not go through the staged path")
         for g, w, what in ((got, want, "output"), (got_gx, want_gx, "grad_x"), (got_gw, want_gw, "grad_weight")):
             expect(torch.allclose(g, w, rtol=1e-5, atol=1e-5), f"staged {name}: {what} differs from the CPU path")
     e = raises(lambda: layer(torch.empty(2, 3, 4, 4, 5, device="meta")), halocp.ERR_INVALID_ARGUMENT,
                "CausalConv3d of a tensor on the meta device")
     expect("is on meta" in str(e), str(e))
     # close() releases every piece of state the communicator declares.
-    expect(comm.routes and comm.cuda_layouts and comm.cuda_path, "nothing was cached to release")
+    expect(comm.cached("route") and comm.cached("buffers") and comm.cached("plan") and comm.cuda_path,
+           "nothing was cached to release")
     halocp.destroy_communicator()
-    expect((comm.routes, len(comm.cuda_layouts), comm.dropped, comm.cuda_path, comm.handle) == ({}, 0, [], None, None),
-           f"close() kept state: {comm.routes}, {comm.cuda_layouts}, {comm.dropped}, {comm.cuda_path}, {comm.handle}")
+    expect((len(comm.cache), comm.dropped, comm.cuda_path, comm.handle) == (0, [], None, None),
+           f"close() kept state: {list(comm.cache)}, {comm.dropped}, {comm.cuda_path}, {comm.handle}")
 
 
 # ------------------------------------------------------------ issue 19 §3
@@ -204,12 +205,12 @@ def scenario_slabs():
                     ranks.expect_bits(g, w, f"staged {name}, {what}")
                 if mode == "zeros" and n > left + right:
                     key = (x.device, True, dtype, dim, left, right, tuple(x.shape), mode)
-                    lay = comm.cuda_layouts[key]
+                    lay = comm.cached("buffers")[key]
                     slab = 2 * 3 * (left + right)
                     expect(lay.x.numel() == slab and lay.gx.numel() == slab,
                            f"{what}: a shard of {n} slices is staged through buffers of {lay.x.numel()} and "
                            f"{lay.gx.numel()} elements, not its {left} + {right} boundary slices ({slab})")
-                for lay in comm.cuda_layouts.values():
+                for lay in comm.cached("buffers").values():
                     expect(lay.x.shape[lay.dim] <= min(lay.n, 2 * (lay.left + lay.right) + 2),
                            f"{what}: a buffer of {lay.x.shape[lay.dim]} slices for a shard of {lay.n}")
 
@@ -225,7 +226,7 @@ DIRECT_CASES = [([7, 5, 9, 4], 2, 1), ([3, 8, 6, 11], 1, 2), ([6, 6, 6, 6], 3, 3
 
 
 def _direct_layouts(comm) -> list:
-    return [lay for lay in comm.cuda_layouts.values() if lay.direct]
+    return [lay for lay in comm.cached("buffers").values() if lay.direct]
 
 
 def scenario_direct():
@@ -259,7 +260,7 @@ def scenario_direct():
     want = halocp.cp_halo_exchange(x, 1, 2, 1, padding_mode="replicate")
     with _cuda.stage_cpu("direct"):
         got = halocp.cp_halo_exchange(x, 1, 2, 1, padding_mode="replicate")
-        lay = _cuda._layout(comm, x, 1, 2, 1, "replicate")
+        lay = _cuda._buffers(comm, x, 1, 2, 1, "replicate")
     ranks.expect_bits(got, want, "replicate under stage_cpu('direct')")
     expect(not lay.direct, "a replicate layout took the direct path")
     # A host exchange (the staged replicate one) while a stream-ordered one
@@ -347,7 +348,7 @@ def scenario_refused():
     plan takes any layout): the call is rerun staged on every rank, gives
     the host path's bits, and the layout stays staged."""
     comm = halocp.communicator()
-    real = _cuda._Layout._params
+    real = _cuda._Buffers._params
 
     def refused_in_agreement(lay, memory):
         if lay.direct and memory == _lib.MEMORY_HOST:  # the direct path's plan, not the creation probe
@@ -360,13 +361,13 @@ def scenario_refused():
     x = torch.randn(2, n, 3, dtype=torch.bfloat16)
     grad = torch.randn(2, n + 2, 3, dtype=torch.bfloat16)
     want = _forms(x, 2, 0, 1, "zeros", grad)
-    _cuda._Layout._params = refused_in_agreement
+    _cuda._Buffers._params = refused_in_agreement
     try:
         with _cuda.stage_cpu("direct"):
             got = _forms(x, 2, 0, 1, "zeros", grad)
-            lay = _cuda._layout(comm, x, 2, 0, 1, "zeros")
+            lay = _cuda._buffers(comm, x, 2, 0, 1, "zeros")
     finally:
-        _cuda._Layout._params = real
+        _cuda._Buffers._params = real
     for (name, g), (_, w) in zip(got, want):
         ranks.expect_bits(g, w, f"{name} of a layout refused in its first exchange")
     expect(not lay.direct, "the refused layout is still direct")

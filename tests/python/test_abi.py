@@ -155,14 +155,21 @@ def test_pyproject_version_is_dynamic():
     assert p["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "halocp.__version__"}
 
 
-def test_plan_calls_are_declared():
-    """Every plan call kind names a function of the header, blocking and
-    started, so a misspelt C name fails here, not at run time."""
-    declared = set(re.findall(r"\b(halo_\w+)\s*\(", HEADER))
-    for call in LIB.Call:
-        for suffix in ("", "_start"):
-            name = LIB._CALL_NAMES[call] + suffix
-            assert name in declared, f"_lib.Call.{call.name}: {name} is not declared in include/halo.h"
+def test_lib_calls_only_current_functions():
+    """halocp exchanges through the pair only: _lib.py names no HALO_DEPRECATED
+    function of the header (as an attribute or a string), and every
+    halo_* function it names is declared there, so a misspelt C name
+    fails here, not at run time."""
+    decl = _declarations()
+    tree = ast.parse((REPO / "python" / "halocp" / "_lib.py").read_text())
+    named = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+    named |= {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+    named = {n for n in named if re.fullmatch(r"halo_\w+", n) and not n.endswith("_t")}
+    assert {"halo_exchange", "halo_exchange_start"} <= named, f"_lib.py does not name the pair: {sorted(named)}"
+    deprecated = sorted(n for n in named if decl.get(n, (False,))[0])
+    assert not deprecated, f"_lib.py names deprecated calls: {deprecated}"
+    unknown = sorted(named - decl.keys())
+    assert not unknown, f"_lib.py names functions include/halo.h does not declare: {unknown}"
 
 
 def _declarations() -> dict[str, tuple[bool, str]]:

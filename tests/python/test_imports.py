@@ -248,3 +248,30 @@ def test_halo_dtype_in_lib():
     assert not [n for n in ast.walk(lib) if isinstance(n, (ast.Import, ast.ImportFrom))
                 and any(a.name.split(".")[0] == "torch" for a in n.names) or
                 isinstance(n, ast.ImportFrom) and (n.module or "").startswith("torch")]
+
+
+# ---------------------------------------------------- issue 34 §2: one cache
+# Process-wide caches that are no communicator's prepared state: norm.py's
+# header tensors and zeros (small constant tensors, by value and device).
+_NOT_PREPARED_STATE = {("norm", "_header_tensor"), ("norm", "_zeros")}
+
+
+def test_one_cache_of_prepared_state():
+    """A communicator's prepared state (plans, routes, the CUDA paths'
+    buffers) lives in its one cache, Communicator.prepared, with one
+    eviction policy: no other module makes an OrderedDict, evicts
+    (popitem, move_to_end), or keeps an lru_cache (bar the process-wide
+    constants above)."""
+    found = []
+    for m, path in sorted(_modules().items()):
+        if m == "_comm":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.FunctionDef):
+                cached = [d for d in node.decorator_list if "cache" in ast.unparse(d)]
+                if cached and (m, node.name) not in _NOT_PREPARED_STATE:
+                    found.append(f"{path.name}:{node.lineno}: {node.name} is an lru_cache")
+            name = node.attr if isinstance(node, ast.Attribute) else node.id if isinstance(node, ast.Name) else None
+            if name in ("OrderedDict", "popitem", "move_to_end"):
+                found.append(f"{path.name}:{node.lineno}: {name}")
+    assert not found, "prepared state kept outside Communicator.prepared:\n  " + "\n  ".join(found)
