@@ -277,7 +277,13 @@ def scenario_layers():
                 expect(padded not in saved, f"{what}: autograd saved a tensor of the padded input's shape")
                 if n not in (layer.left + c, c + layer.right):  # else a slab has x's shape
                     full_size = [f for f, s in bwd.shapes if s == x5 and "convolution" not in f]
-                    expect(not full_size, f"{what}: the backward made tensors of x's shape: {full_size}")
+                    # A batch of one that torch's CPU conv3d would give slow_conv3d is
+                    # convolved as a batch of two halves (halocp.nn._conv): its input
+                    # gradient comes as the halves', put together in one tensor of x's shape.
+                    halves = x5[0] == 1 and any(f.startswith("aten.convolution_backward") and s[0] == 2
+                                                for f, s in bwd.shapes)
+                    expect(len(full_size) <= halves,
+                           f"{what}: the backward made tensors of x's shape: {full_size}")
 
     # An input that needs no gradient (the weight's is still right: the
     # halos were kept), and inference under no_grad.
