@@ -56,6 +56,27 @@ def outputs(stride, e, pl, pr, lengths, rank):
     return first * stride - a, max(last - first, 0)
 
 
+def count_bounds(stride, e, pl, pr, n, rank, world):
+    """(fewest, most) outputs that rank may have along a dim, knowing its
+    own shard length n and place alone (what a traced graph knows before the
+    other ranks' lengths arrive): equal when that decides the count, as it
+    does for rank 0 (its shard starts the dim) and for any rank whose length
+    is a multiple of the stride. (0, None) for a padding short of the
+    kernel's extent (a clipped last output), not bounded here. Checked
+    against ``outputs`` over every split of up to 3 ranks of 0 to 8."""
+    d = pl + pr - e
+    if d < 0:
+        return 0, None
+    if world == 1:
+        c = (n + d - 1) // stride + 1 if n + d > 0 else 0
+        return c, c
+    if rank == 0:
+        return -(-n // stride), -(-n // stride)
+    if rank == world - 1:  # up to the dim's end, from an offset of any phase
+        return (n + d) // stride, (n + d - 1) // stride + 1
+    return n // stride, -(-n // stride)
+
+
 def split(layer_name, dim, group, row, what="convolution"):
     """(phase, count) of this rank's outputs along dim, from row (its shard
     length and the layer's convolution along dim; see ShardTable.COLUMNS)

@@ -20,12 +20,13 @@ from torch import Tensor
 from . import _lib
 from ._comm import token_group
 from ._lib import HaloError
-from ._sharding import distributed
+from ._sharding import distributed, world_and_rank
 from ._layout import (contiguous_strides as _contiguous_strides, dim_order, empty_in_order, in_strides, known,
                       result_dtype, strides_in_order)
 from .exchange import HALOS, _empty_halos, _token, cp_halo_exchange, halos, is_compiling, route
 from .tiles import TileGrid
-from ._splits import ShardTable as _ShardTable, agree as _agree, outputs as _outputs, split as _split
+from ._splits import (ShardTable as _ShardTable, agree as _agree, count_bounds as _count_bounds_of,
+                      outputs as _outputs, split as _split)
 
 __all__ = ["CausalConv3d", "CenteredConv3d", "TiledConv2d", "TiledConv3d"]
 
@@ -332,7 +333,8 @@ def _sharded_conv(layer, x, pads, sharded):
         for dim, group, left, right, _ in exchanges:
             x = cp_halo_exchange(x, left, right, dim, group, modes[dim - 2])
         x = _pad_locally(x, local, conv_padding, modes)
-        return torch.ops.halocp.window_conv(x, layer.weight, layer.bias, torch.stack(splits), dims, *conv)
+        bounds = [b for _, group, _, _, row in exchanges for b in _count_bounds(group, row)]
+        return torch.ops.halocp.window_conv(x, layer.weight, layer.bias, torch.stack(splits), dims, *conv, bounds)
     splits = [_split(name, dim, group, row) for dim, group, _, _, row in exchanges]
     for dim, group, left, right, _ in exchanges:
         x = cp_halo_exchange(x, left, right, dim, group, modes[dim - 2])
@@ -425,6 +427,20 @@ def _output_shape(x, weight, dims, stride, padding, dilation):
 # included.
 
 
+def _count_bounds(group, row):
+    """The (fewest, most) output count along a sharded dim that this rank's
+    own length and place allow (_splits.count_bounds), for window_conv's
+    fake: a count they decide is a plain size to the graph, not an unbacked
+    one (the norms and reshapes of a whole model after the layer then see
+    what they would eagerly; inductor's decompositions guard on unbacked
+    sizes, Eq(u, 0)). (0, -1), unbounded, for a length that is symbolic."""
+    n, k, s, dil, pl, pr = row
+    if not all(isinstance(v, int) for v in row):
+        return 0, -1
+    lo, hi = _count_bounds_of(s, dil * (k - 1), pl, pr, n, *reversed(world_and_rank(group)))
+    return lo, -1 if hi is None else hi
+
+
 @torch.library.custom_op("halocp::conv_split", mutates_args=())
 def _conv_split_op(x: Tensor, dim: int, row: list[int], group: str, layer: str) -> Tensor:
     return torch.tensor(_split(layer, dim, token_group(group), row), dtype=torch.int64)
@@ -437,8 +453,14 @@ def _(x, dim, row, group, layer):
 
 @torch.library.custom_op("halocp::window_conv", mutates_args=())
 def _window_conv_op(padded: Tensor, weight: Tensor, bias: Tensor | None, splits: Tensor, dims: list[int],
-                    stride: list[int], padding: list[int], dilation: list[int], groups: int) -> Tensor:
-    window, shape = _conv_window(padded, weight, splits.tolist(), dims, stride, padding, dilation)
+                    stride: list[int], padding: list[int], dilation: list[int], groups: int,
+                    bounds: list[int]) -> Tensor:
+    splits = splits.tolist()
+    for dim, (_, count), lo, hi in zip(dims, splits, bounds[::2], bounds[1::2]):
+        if count < lo or 0 <= hi < count:  # the fake told the graph otherwise: a bug, not bad input
+            raise HaloError(_lib.ERR_INTERNAL, f"halocp.nn: {count} outputs along dim {dim}, outside the "
+                            f"{lo}..{hi} that the traced graph was given")
+    window, shape = _conv_window(padded, weight, splits, dims, stride, padding, dilation)
     strides = strides_in_order(shape, dim_order(padded))
     if window is None:
         return torch.empty_strided(shape, strides, dtype=padded.dtype, device=padded.device)
@@ -447,11 +469,11 @@ def _window_conv_op(padded: Tensor, weight: Tensor, bias: Tensor | None, splits:
 
 
 @_window_conv_op.register_fake
-def _(padded, weight, bias, splits, dims, stride, padding, dilation, groups):
+def _(padded, weight, bias, splits, dims, stride, padding, dilation, groups, bounds):
     shape = _output_shape(padded, weight, dims, stride, padding, dilation)
     ctx = torch.library.get_ctx()
-    for dim in dims:
-        shape[dim] = ctx.new_dynamic_size()
+    for dim, lo, hi in zip(dims, bounds[::2], bounds[1::2]):
+        shape[dim] = lo if lo == hi else ctx.new_dynamic_size(min=lo, max=None if hi < 0 else hi)
     return empty_in_order(shape, dim_order(padded), padded.dtype, padded.device)
 
 
@@ -484,7 +506,7 @@ def _(grad, padded, weight, splits, dims, stride, padding, dilation, groups, mas
 def _save_window(ctx, inputs, output):
     padded, weight, bias, splits = inputs[:4]
     ctx.save_for_backward(padded, weight, splits)
-    ctx.conv = inputs[4:]
+    ctx.conv = inputs[4:-1]
     ctx.has_bias = bias is not None
 
 
@@ -492,7 +514,7 @@ def _window_conv_grad(ctx, grad):
     padded, weight, splits = ctx.saved_tensors
     mask = [ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.has_bias and ctx.needs_input_grad[2]]
     grads = torch.ops.halocp.window_conv_backward(grad, padded, weight, splits, *ctx.conv, mask)
-    return tuple(g if m else None for g, m in zip(grads, mask)) + (None,) * 6
+    return tuple(g if m else None for g, m in zip(grads, mask)) + (None,) * 7
 
 
 _window_conv_op.register_autograd(_window_conv_grad, setup_context=_save_window)
