@@ -305,10 +305,11 @@ class _NoOutput(torch.autograd.Function):
 _CONV = {2: F.conv2d, 3: F.conv3d}
 
 
-def _sharded_conv(layer, x, pads, sharded):
+def _sharded_conv(layer, x, pads, sharded, name=None):
     """layer's convolution of shard x: pads is (left, right) padding per
     spatial dim, sharded maps a spatial dim to the group it is sharded over
-    (the others are local, padded here)."""
+    (the others are local, padded here); name, the layer's in messages
+    (its type's by default)."""
     nsp = x.dim() - 2
     modes = _padding_modes(layer, nsp)
     exchanges = []  # (dim, group, left halo, right halo, this rank's row of the shard table)
@@ -322,7 +323,7 @@ def _sharded_conv(layer, x, pads, sharded):
     zeros = all(m == "zeros" for (l, r), m in zip(local, modes) if l or r)
     conv_padding = [l for l, r in local] if zeros and all(l == r for l, r in local) else [0] * nsp
     conv = (list(layer.stride), conv_padding, list(layer.dilation), layer.groups)
-    name = type(layer).__name__
+    name = name or type(layer).__name__
     # Every call, even where the split could be known locally (stride 1,
     # as many outputs as inputs): whether to exchange must not depend on
     # what the ranks may disagree on.
@@ -437,8 +438,7 @@ def _count_bounds(group, row):
     n, k, s, dil, pl, pr = row
     if not all(isinstance(v, int) for v in row):
         return 0, -1
-    lo, hi = _count_bounds_of(s, dil * (k - 1), pl, pr, n, *reversed(world_and_rank(group)))
-    return lo, -1 if hi is None else hi
+    return _count_bounds_of(s, dil * (k - 1), pl, pr, n, *reversed(world_and_rank(group)))
 
 
 @torch.library.custom_op("halocp::conv_split", mutates_args=())
@@ -578,13 +578,22 @@ class _ContextParallelConv3d(torch.nn.Conv3d):
         """What torch.compile traces of a stride-1, zero-padded layer: the
         exchange's custom op, then torch's convolution of the padded shard
         (conv3d with no temporal padding). A length that is data to the
-        graph (a strided layer's output), alike on every rank, takes the
-        general path: its convolution, inside an op, minds an empty window
-        (and inductor lowers a convolution only over sizes it has a hint for)."""
-        empty = known(x.shape[2] == 0, False)
-        if not empty and known(x.shape[2] == 0, True):
-            return _sharded_conv(self, x, self._pads(), {0: self.group})
+        graph (a strided layer's output) has the convolution inside
+        window_conv, which minds an empty window (and inductor lowers a
+        convolution only over sizes it has a hint for); its split is known
+        locally (each rank's outputs are its inputs' frames), so that every
+        rank runs the same exchanges whichever of its lengths the graph
+        knows (a rank's strided output count can be decided on one rank and
+        data on another: _count_bounds)."""
+        n = x.shape[2]
+        empty = known(n == 0, False)
         x = cp_halo_exchange(x, self.left, self.right, 2, self.group)
+        if not empty and known(n == 0, True):
+            splits = torch.stack([torch.zeros((), dtype=torch.int64), torch.scalar_tensor(n, dtype=torch.int64)])
+            conv = (list(self.stride), list(self.padding), list(self.dilation), self.groups)
+            y = torch.ops.halocp.window_conv(x, self.weight, self.bias, splits.view(1, 2), [2], *conv, [0, -1])
+            torch._check(y.shape[2] == n)
+            return y
         if empty:  # no output frames, but the graph that runs the exchange's backward
             x = F.pad(x, (0, 0, 0, 0, 0, 1))
         y = F.conv3d(x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)

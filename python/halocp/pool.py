@@ -72,9 +72,7 @@ class _ShardedPool:
         if x.dim() == 4:
             return self.forward(x.unsqueeze(0)).squeeze(0)
         if is_compiling():
-            raise HaloError(_lib.ERR_INVALID_ARGUMENT,
-                            f"halocp.nn: {name} over a sharded time axis does not compile yet (its output length "
-                            f"is data to the graph); wrap it in torch.compiler.disable")
+            return self._compiled(x)
         k, s, p, d = self._k, self._s, self._p, self._d
         e = d[0] * (k[0] - 1)
         row = [x.shape[2], k[0], s[0], d[0], p[0], p[0]]
@@ -95,8 +93,28 @@ class _ShardedPool:
             return _Empty.apply(padded, shape, dtype)
         return self._pool(padded.narrow(2, phase, (count - 1) * s[0] + e + 1), k, s, (0, p[1], p[2]))
 
+    def _compiled(self, x):
+        raise HaloError(_lib.ERR_INVALID_ARGUMENT,
+                        f"halocp.nn: {type(self).__name__} over a sharded time axis does not compile yet (its output "
+                        f"length is data to the graph); wrap it in torch.compiler.disable")
+
     def extra_repr(self) -> str:
         return super().extra_repr() + f", temporal halo=({self.left}, {self.right})"
+
+
+class _Averaging:
+    """AvgPool3d as the depthwise convolution that halocp.nn's compiled
+    general path runs (its split, exchange and ops): a constant weight of
+    1/divisor per channel, no bias, zeros padded (counted in the divisor,
+    as count_include_pad=True counts them)."""
+
+    padding_mode = temporal_padding_mode = "zeros"
+    bias = None
+
+    def __init__(self, pool, x):
+        k, divisor = pool._k, pool.divisor_override or pool._k[0] * pool._k[1] * pool._k[2]
+        self.kernel_size, self.stride, self.dilation, self.groups = k, pool._s, (1, 1, 1), x.shape[1]
+        self.weight = torch.full((x.shape[1], 1, *k), 1.0 / divisor, dtype=x.dtype, device=x.device)
 
 
 class AvgPool3d(_ShardedPool, torch.nn.AvgPool3d):
@@ -121,6 +139,19 @@ class AvgPool3d(_ShardedPool, torch.nn.AvgPool3d):
 
     def _pool(self, window, k, s, padding):
         return F.avg_pool3d(window, k, s, padding, False, self.count_include_pad, self.divisor_override)
+
+    def _compiled(self, x):
+        """Under torch.compile: the same sums as a convolution (in another
+        order: to rounding), whose output count along time the compiled
+        path's ops give, as for a strided CausalConv3d."""
+        from .nn import _sharded_conv
+
+        if not self.count_include_pad and (self._p[1] or self._p[2]):
+            raise HaloError(_lib.ERR_INVALID_ARGUMENT,
+                            "halocp.nn: AvgPool3d with count_include_pad=False and spatial padding does not compile "
+                            "yet; wrap it in torch.compiler.disable")
+        pads = [(p, p) for p in self._p]
+        return _sharded_conv(_Averaging(self, x), x, pads, {0: self.group}, name="AvgPool3d")
 
 
 class MaxPool3d(_ShardedPool, torch.nn.MaxPool3d):

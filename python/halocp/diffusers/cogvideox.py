@@ -43,6 +43,9 @@ def _cog_downsample(m, group):
             first = cv.holds_first_frame(group)
             head, rest = (x[:, :, :1], x[:, :, 1:]) if first else (None, x)
             x = self.temporal_pool(rest)
+            # Every rank's rest is an even count of frames (split_clip), so its pairs are its own: what a
+            # traced graph cannot tell from this rank's length alone (halocp.nn._count_bounds).
+            torch._check(x.shape[2] == rest.shape[2] // 2)
             if first:
                 x = torch.cat([head, x], dim=2)
         x = F.pad(x, (0, 1, 0, 1))
