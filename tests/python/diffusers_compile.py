@@ -19,16 +19,17 @@ from launcher import expect_scenario, launch
 pytest.importorskip("diffusers")
 
 HERE = Path(__file__).resolve().parent
-# (scenario, backend): inductor's decompositions are what guarded on a
-# strided layer's unbacked output count (Eq(u, 0) in LayerNorm's backward);
-# the "decompositions" backend traces with them and runs the graph eagerly,
-# without inductor's minutes of C++ compiling on 2 CPUs.
-MODELS = ["ltx", "cogvideox"]
+# One model per launch: LTX-Video on 2 ranks (uneven shards: where inductor
+# first failed), CogVideoX on 3 (the fewest frames on rank 0, an empty rank 1);
+# the other pairs by hand (docs/diffusers.md), to keep the compiling short.
+CASES = [("ltx", 2), ("cogvideox", 3)]
 
 
-@pytest.mark.parametrize("world", [2, 3], ids=lambda w: f"W{w}")
-@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize("model,world", CASES, ids=[f"{m}-W{w}" for m, w in CASES])
 def test_compiled(model, world):
-    ranks = launch(HERE / "ranks_diffusers_compile.py", world, ["--backend=decompositions", model], timeout=240,
-                   env={"OMP_NUM_THREADS": "1"})
+    # Each rank compiles on its own before its graph's first exchange: on a
+    # loaded machine they get there tens of seconds apart (the launcher's
+    # 20 s deadline timed out a 3-rank CogVideoX at a load of 14).
+    ranks = launch(HERE / "ranks_diffusers_compile.py", world, [model], timeout=240,
+                   env={"OMP_NUM_THREADS": "1", "HALO_TIMEOUT_MS": "120000"})
     expect_scenario(ranks, model)
