@@ -76,7 +76,12 @@ def _nearest_frames(z, t, h, w):
     """z (N, C, Tz, Hz, Wz) to (t, h, w) by nearest: torch's interpolate,
     which refuses empty tensors, with time repeated when t is a multiple of Tz."""
     if t == 0 or z.shape[2] == 0 or t % z.shape[2]:
-        return F.interpolate(z, size=(t, h, w)) if t and z.shape[2] else z.new_zeros(*z.shape[:2], t, h, w)
+        if t and z.shape[2]:
+            return F.interpolate(z, size=(t, h, w))
+        if t:
+            return z.new_zeros(*z.shape[:2], t, h, w)
+        # no frames, from z (its sums over none): a traced graph then runs the layers after z, as other ranks do
+        return z[:, :, :0].sum((2, 3, 4), keepdim=True).expand(*z.shape[:2], 0, h, w)
     n, tz = z.shape[0], z.shape[2]
     z = cv.frames_3d(F.interpolate(cv.frames_2d(z), size=(h, w)), n, tz)
     return z.repeat_interleave(t // z.shape[2], dim=2)
