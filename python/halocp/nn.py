@@ -334,8 +334,8 @@ def _sharded_conv(layer, x, pads, sharded, name=None):
         for dim, group, left, right, _ in exchanges:
             x = cp_halo_exchange(x, left, right, dim, group, modes[dim - 2])
         x = _pad_locally(x, local, conv_padding, modes)
-        bounds = [b for _, group, _, _, row in exchanges for b in _count_bounds(group, row)]
-        return torch.ops.halocp.window_conv(x, layer.weight, layer.bias, torch.stack(splits), dims, *conv, bounds)
+        places = [v for _, group, _, _, row in exchanges for v in (*row, *reversed(world_and_rank(group)))]
+        return torch.ops.halocp.window_conv(x, layer.weight, layer.bias, torch.stack(splits), dims, *conv, places)
     splits = [_split(name, dim, group, row) for dim, group, _, _, row in exchanges]
     for dim, group, left, right, _ in exchanges:
         x = cp_halo_exchange(x, left, right, dim, group, modes[dim - 2])
@@ -428,17 +428,25 @@ def _output_shape(x, weight, dims, stride, padding, dilation):
 # included.
 
 
-def _count_bounds(group, row):
-    """The (fewest, most) output count along a sharded dim that this rank's
-    own length and place allow (_splits.count_bounds), for window_conv's
-    fake: a count they decide is a plain size to the graph, not an unbacked
-    one (the norms and reshapes of a whole model after the layer then see
-    what they would eagerly; inductor's decompositions guard on unbacked
-    sizes, Eq(u, 0)). (0, -1), unbounded, for a length that is symbolic."""
-    n, k, s, dil, pl, pr = row
-    if not all(isinstance(v, int) for v in row):
-        return 0, -1
-    return _count_bounds_of(s, dil * (k - 1), pl, pr, n, *reversed(world_and_rank(group)))
+def _count_bounds(places):
+    """(fewest, most) output counts per sharded dim that this rank's own
+    length and place allow (_splits.count_bounds), from window_conv's
+    ``places`` (per dim: the shard table's row, this rank and the group's
+    size; none: not bounded): a count they decide is a plain size to the
+    graph, not an unbacked one (the norms and reshapes of a whole model
+    after the layer then see what they would eagerly; inductor's
+    decompositions guard on unbacked sizes, Eq(u, 0)). (0, -1), unbounded,
+    for a length that is symbolic. Run in the fake, where a size's type
+    tells whether the graph knows it (dynamo's trace takes a SymInt for an int)."""
+    out = []
+    for i in range(0, len(places), 8):
+        n, k, s, dil, pl, pr, rank, world = places[i:i + 8]
+        if not isinstance(n, int) or isinstance(n, torch.SymInt):
+            out.append((0, -1))
+            continue
+        lo, hi = _count_bounds_of(s, dil * (k - 1), pl, pr, n, rank, world)
+        out.append((lo, hi))
+    return out
 
 
 @torch.library.custom_op("halocp::conv_split", mutates_args=())
@@ -454,9 +462,9 @@ def _(x, dim, row, group, layer):
 @torch.library.custom_op("halocp::window_conv", mutates_args=())
 def _window_conv_op(padded: Tensor, weight: Tensor, bias: Tensor | None, splits: Tensor, dims: list[int],
                     stride: list[int], padding: list[int], dilation: list[int], groups: int,
-                    bounds: list[int]) -> Tensor:
+                    places: list[int]) -> Tensor:
     splits = splits.tolist()
-    for dim, (_, count), lo, hi in zip(dims, splits, bounds[::2], bounds[1::2]):
+    for dim, (_, count), (lo, hi) in zip(dims, splits, _count_bounds(places)):
         if count < lo or 0 <= hi < count:  # the fake told the graph otherwise: a bug, not bad input
             raise HaloError(_lib.ERR_INTERNAL, f"halocp.nn: {count} outputs along dim {dim}, outside the "
                             f"{lo}..{hi} that the traced graph was given")
@@ -469,10 +477,11 @@ def _window_conv_op(padded: Tensor, weight: Tensor, bias: Tensor | None, splits:
 
 
 @_window_conv_op.register_fake
-def _(padded, weight, bias, splits, dims, stride, padding, dilation, groups, bounds):
+def _(padded, weight, bias, splits, dims, stride, padding, dilation, groups, places):
     shape = _output_shape(padded, weight, dims, stride, padding, dilation)
     ctx = torch.library.get_ctx()
-    for dim, lo, hi in zip(dims, bounds[::2], bounds[1::2]):
+    bounds = _count_bounds(places) if places else [(0, -1)] * len(dims)
+    for dim, (lo, hi) in zip(dims, bounds):
         shape[dim] = lo if lo == hi else ctx.new_dynamic_size(min=lo, max=None if hi < 0 else hi)
     return empty_in_order(shape, dim_order(padded), padded.dtype, padded.device)
 
@@ -591,7 +600,7 @@ class _ContextParallelConv3d(torch.nn.Conv3d):
         if not empty and known(n == 0, True):
             splits = torch.stack([torch.zeros((), dtype=torch.int64), torch.scalar_tensor(n, dtype=torch.int64)])
             conv = (list(self.stride), list(self.padding), list(self.dilation), self.groups)
-            y = torch.ops.halocp.window_conv(x, self.weight, self.bias, splits.view(1, 2), [2], *conv, [0, -1])
+            y = torch.ops.halocp.window_conv(x, self.weight, self.bias, splits.view(1, 2), [2], *conv, [])
             torch._check(y.shape[2] == n)
             return y
         if empty:  # no output frames, but the graph that runs the exchange's backward
