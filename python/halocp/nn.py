@@ -742,6 +742,36 @@ class TiledConv3d(_TiledConv, torch.nn.Conv3d):
 # Layers that live in modules of their own (issue 21), exported here with the others.
 from .norm import GroupNorm  # noqa: E402
 from .pool import AvgPool3d, MaxPool3d  # noqa: E402
+
+
+class _Averaging:
+    """AvgPool3d as the depthwise convolution that the compiled general path
+    runs (its split, exchange and ops): a constant weight of 1/divisor per
+    channel, no bias, zeros padded (counted in the divisor, as
+    count_include_pad=True counts them)."""
+
+    padding_mode = temporal_padding_mode = "zeros"
+    bias = None
+
+    def __init__(self, pool, x):
+        k, divisor = pool._k, pool.divisor_override or pool._k[0] * pool._k[1] * pool._k[2]
+        self.kernel_size, self.stride, self.dilation, self.groups = k, pool._s, (1, 1, 1), x.shape[1]
+        self.weight = torch.full((x.shape[1], 1, *k), 1.0 / divisor, dtype=x.dtype, device=x.device)
+
+
+def _compiled_average(pool, x):
+    """AvgPool3d under torch.compile: the same sums as a convolution (in
+    another order: to rounding), whose output count along time the compiled
+    path's ops give, as for a strided CausalConv3d. Installed here, since
+    pool.py is imported by this module."""
+    if not pool.count_include_pad and (pool._p[1] or pool._p[2]):
+        raise HaloError(_lib.ERR_INVALID_ARGUMENT,
+                        "halocp.nn: AvgPool3d with count_include_pad=False and spatial padding does not compile "
+                        "yet; wrap it in torch.compiler.disable")
+    return _sharded_conv(_Averaging(pool, x), x, [(p, p) for p in pool._p], {0: pool.group}, name="AvgPool3d")
+
+
+AvgPool3d._compiled = _compiled_average
 from .transpose import ConvTranspose3d  # noqa: E402
 
 __all__ += ["GroupNorm", "ConvTranspose3d", "AvgPool3d", "MaxPool3d"]

@@ -102,21 +102,6 @@ class _ShardedPool:
         return super().extra_repr() + f", temporal halo=({self.left}, {self.right})"
 
 
-class _Averaging:
-    """AvgPool3d as the depthwise convolution that halocp.nn's compiled
-    general path runs (its split, exchange and ops): a constant weight of
-    1/divisor per channel, no bias, zeros padded (counted in the divisor,
-    as count_include_pad=True counts them)."""
-
-    padding_mode = temporal_padding_mode = "zeros"
-    bias = None
-
-    def __init__(self, pool, x):
-        k, divisor = pool._k, pool.divisor_override or pool._k[0] * pool._k[1] * pool._k[2]
-        self.kernel_size, self.stride, self.dilation, self.groups = k, pool._s, (1, 1, 1), x.shape[1]
-        self.weight = torch.full((x.shape[1], 1, *k), 1.0 / divisor, dtype=x.dtype, device=x.device)
-
-
 class AvgPool3d(_ShardedPool, torch.nn.AvgPool3d):
     """``torch.nn.AvgPool3d`` over an ``(N, C, T, H, W)`` input (or
     unbatched) whose T is sharded across ``group`` in rank order, shards of
@@ -140,18 +125,7 @@ class AvgPool3d(_ShardedPool, torch.nn.AvgPool3d):
     def _pool(self, window, k, s, padding):
         return F.avg_pool3d(window, k, s, padding, False, self.count_include_pad, self.divisor_override)
 
-    def _compiled(self, x):
-        """Under torch.compile: the same sums as a convolution (in another
-        order: to rounding), whose output count along time the compiled
-        path's ops give, as for a strided CausalConv3d."""
-        from .nn import _sharded_conv
-
-        if not self.count_include_pad and (self._p[1] or self._p[2]):
-            raise HaloError(_lib.ERR_INVALID_ARGUMENT,
-                            "halocp.nn: AvgPool3d with count_include_pad=False and spatial padding does not compile "
-                            "yet; wrap it in torch.compiler.disable")
-        pads = [(p, p) for p in self._p]
-        return _sharded_conv(_Averaging(self, x), x, pads, {0: self.group}, name="AvgPool3d")
+    # _compiled (under torch.compile): halocp.nn's, which runs the average as its convolution.
 
 
 class MaxPool3d(_ShardedPool, torch.nn.MaxPool3d):

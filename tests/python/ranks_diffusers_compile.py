@@ -24,8 +24,7 @@ import torch._dynamo
 import halocp.diffusers as hd
 import ranks
 from ranks import expect
-from ranks_diffusers import (LTX090, SHIPPED_TOL, _cogvideox, float64_fourier_features, hunyuan_video, ltx, mochi,
-                             one_frame_batch, wan)
+from ranks_diffusers import LTX090, SHIPPED_TOL, _cogvideox, ltx, one_frame_batch
 
 TOL = 1e-9
 BACKEND = next((a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--backend=")), "aot_eager")
@@ -132,19 +131,6 @@ def scenario_cogvideox():
     """CogVideoX: GroupNorm over time, the temporal average of pairs, the
     decoder's spatial norm and its doubling of frames."""
     check(_cogvideox, (8, 8), whole_clip=one_frame_batch)
-
-
-def scenario_wan():
-    check(wan(), (8, 8))
-
-
-def scenario_mochi():
-    with float64_fourier_features():
-        check(mochi(), (8, 8))
-
-
-def scenario_hunyuan_video():
-    check(hunyuan_video(), (8, 8))
 
 
 if __name__ == "__main__":
