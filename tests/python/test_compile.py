@@ -15,7 +15,7 @@ from launcher import expect_scenario, launch
 
 HERE = Path(__file__).resolve().parent
 SCENARIOS = ["default_group", "new_group", "exchanges_bits", "layers", "strided", "no_output", "tiled",
-             "tile_exchange", "mismatch", "norm_mismatch", "transpose", "group_forms", "changing_lengths", "inductor"]
+             "tile_exchange", "mismatch", "norm_mismatch", "transpose", "group_forms", "changing_lengths", "pooling", "inductor"]
 
 
 @pytest.fixture(scope="module")
