@@ -30,6 +30,6 @@ def test_compiled(model, world):
     # Each rank compiles on its own before its graph's first exchange: on a
     # loaded machine they get there tens of seconds apart (the launcher's
     # 20 s deadline timed out a 3-rank CogVideoX at a load of 14).
-    ranks = launch(HERE / "ranks_diffusers_compile.py", world, [model], timeout=240,
+    ranks = launch(HERE / "ranks_diffusers_compile.py", world, [model], timeout=400,
                    env={"OMP_NUM_THREADS": "1", "HALO_TIMEOUT_MS": "120000"})
     expect_scenario(ranks, model)
