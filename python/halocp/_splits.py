@@ -56,6 +56,26 @@ def outputs(stride, e, pl, pr, lengths, rank):
     return first * stride - a, max(last - first, 0)
 
 
+def count_bounds(stride, e, pl, pr, n, rank, world):
+    """(fewest, most) outputs that rank may have along a dim, knowing its
+    own shard length n and place alone (what a traced graph knows before the
+    other ranks' lengths arrive): equal when that decides the count, as for
+    rank 0 (its shard starts the dim) where the padding covers the kernel,
+    and for a rank whose length is a multiple of the stride but for the last
+    one. tests/python/test_compile.py checks them against ``outputs`` over
+    every split of up to 3 ranks."""
+    d = pl + pr - e
+    whole = (n + d - 1) // stride + 1 if n + d > 0 else 0  # the count were this shard the whole dim
+    if world == 1:
+        return whole, whole
+    ceil = -(-n // stride)
+    if rank == 0:  # at most the later ranks are empty, and short of the kernel (d < 0), clip its last outputs
+        return (ceil if d >= 0 else min(ceil, whole)), ceil
+    if rank == world - 1:  # up to the dim's end, from an offset of any phase
+        return max((n + d) // stride, 0), whole
+    return (n // stride if d >= 0 else min(n // stride, max((n + d) // stride, 0))), ceil
+
+
 def split(layer_name, dim, group, row, what="convolution"):
     """(phase, count) of this rank's outputs along dim, from row (its shard
     length and the layer's convolution along dim; see ShardTable.COLUMNS)

@@ -20,12 +20,13 @@ from torch import Tensor
 from . import _lib
 from ._comm import token_group
 from ._lib import HaloError
-from ._sharding import distributed
+from ._sharding import distributed, world_and_rank
 from ._layout import (contiguous_strides as _contiguous_strides, dim_order, empty_in_order, in_strides, known,
                       result_dtype, strides_in_order)
 from .exchange import HALOS, _empty_halos, _token, cp_halo_exchange, halos, is_compiling, route
 from .tiles import TileGrid
-from ._splits import ShardTable as _ShardTable, agree as _agree, outputs as _outputs, split as _split
+from ._splits import (ShardTable as _ShardTable, agree as _agree, count_bounds as _count_bounds_of,
+                      outputs as _outputs, split as _split)
 
 __all__ = ["CausalConv3d", "CenteredConv3d", "TiledConv2d", "TiledConv3d"]
 
@@ -398,10 +399,11 @@ def _conv(x, weight, bias, stride, padding, dilation, groups):
     return torch.cat([first, second.narrow(1, 2 * h - n_out, n_out - h)], 1).unsqueeze(0)
 
 
-def _sharded_conv(layer, x, pads, sharded):
+def _sharded_conv(layer, x, pads, sharded, name=None):
     """layer's convolution of shard x: pads is (left, right) padding per
     spatial dim, sharded maps a spatial dim to the group it is sharded over
-    (the others are local, padded here)."""
+    (the others are local, padded here); name, the layer's in messages
+    (its type's by default)."""
     nsp = x.dim() - 2
     modes = _padding_modes(layer, nsp)
     exchanges = []  # (dim, group, left halo, right halo, this rank's row of the shard table)
@@ -415,7 +417,7 @@ def _sharded_conv(layer, x, pads, sharded):
     zeros = all(m == "zeros" for (l, r), m in zip(local, modes) if l or r)
     conv_padding = [l for l, r in local] if zeros and all(l == r for l, r in local) else [0] * nsp
     conv = (list(layer.stride), conv_padding, list(layer.dilation), layer.groups)
-    name = type(layer).__name__
+    name = name or type(layer).__name__
     # Every call, even where the split could be known locally (stride 1,
     # as many outputs as inputs): whether to exchange must not depend on
     # what the ranks may disagree on.
@@ -426,7 +428,8 @@ def _sharded_conv(layer, x, pads, sharded):
         for dim, group, left, right, _ in exchanges:
             x = cp_halo_exchange(x, left, right, dim, group, modes[dim - 2])
         x = _pad_locally(x, local, conv_padding, modes)
-        return torch.ops.halocp.window_conv(x, layer.weight, layer.bias, torch.stack(splits), dims, *conv)
+        places = [v for _, group, _, _, row in exchanges for v in (*row, *reversed(world_and_rank(group)))]
+        return torch.ops.halocp.window_conv(x, layer.weight, layer.bias, torch.stack(splits), dims, *conv, places)
     splits = [_split(name, dim, group, row) for dim, group, _, _, row in exchanges]
     for dim, group, left, right, _ in exchanges:
         x = cp_halo_exchange(x, left, right, dim, group, modes[dim - 2])
@@ -519,6 +522,27 @@ def _output_shape(x, weight, dims, stride, padding, dilation):
 # included.
 
 
+def _count_bounds(places):
+    """(fewest, most) output counts per sharded dim that this rank's own
+    length and place allow (_splits.count_bounds), from window_conv's
+    ``places`` (per dim: the shard table's row, this rank and the group's
+    size; none: not bounded): a count they decide is a plain size to the
+    graph, not an unbacked one (the norms and reshapes of a whole model
+    after the layer then see what they would eagerly; inductor's
+    decompositions guard on unbacked sizes, Eq(u, 0)). (0, -1), unbounded,
+    for a length that is symbolic. Run in the fake, where a size's type
+    tells whether the graph knows it (dynamo's trace takes a SymInt for an int)."""
+    out = []
+    for i in range(0, len(places), 8):
+        n, k, s, dil, pl, pr, rank, world = places[i:i + 8]
+        if not isinstance(n, int) or isinstance(n, torch.SymInt):
+            out.append((0, -1))
+            continue
+        lo, hi = _count_bounds_of(s, dil * (k - 1), pl, pr, n, rank, world)
+        out.append((lo, hi))
+    return out
+
+
 @torch.library.custom_op("halocp::conv_split", mutates_args=())
 def _conv_split_op(x: Tensor, dim: int, row: list[int], group: str, layer: str) -> Tensor:
     return torch.tensor(_split(layer, dim, token_group(group), row), dtype=torch.int64)
@@ -531,8 +555,14 @@ def _(x, dim, row, group, layer):
 
 @torch.library.custom_op("halocp::window_conv", mutates_args=())
 def _window_conv_op(padded: Tensor, weight: Tensor, bias: Tensor | None, splits: Tensor, dims: list[int],
-                    stride: list[int], padding: list[int], dilation: list[int], groups: int) -> Tensor:
-    window, shape = _conv_window(padded, weight, splits.tolist(), dims, stride, padding, dilation)
+                    stride: list[int], padding: list[int], dilation: list[int], groups: int,
+                    places: list[int]) -> Tensor:
+    splits = splits.tolist()
+    for dim, (_, count), (lo, hi) in zip(dims, splits, _count_bounds(places)):
+        if count < lo or 0 <= hi < count:  # the fake told the graph otherwise: a bug, not bad input
+            raise HaloError(_lib.ERR_INTERNAL, f"halocp.nn: {count} outputs along dim {dim}, outside the "
+                            f"{lo}..{hi} that the traced graph was given")
+    window, shape = _conv_window(padded, weight, splits, dims, stride, padding, dilation)
     strides = strides_in_order(shape, dim_order(padded))
     if window is None:
         return torch.empty_strided(shape, strides, dtype=padded.dtype, device=padded.device)
@@ -541,11 +571,12 @@ def _window_conv_op(padded: Tensor, weight: Tensor, bias: Tensor | None, splits:
 
 
 @_window_conv_op.register_fake
-def _(padded, weight, bias, splits, dims, stride, padding, dilation, groups):
+def _(padded, weight, bias, splits, dims, stride, padding, dilation, groups, places):
     shape = _output_shape(padded, weight, dims, stride, padding, dilation)
     ctx = torch.library.get_ctx()
-    for dim in dims:
-        shape[dim] = ctx.new_dynamic_size()
+    bounds = _count_bounds(places) if places else [(0, -1)] * len(dims)
+    for dim, (lo, hi) in zip(dims, bounds):
+        shape[dim] = lo if lo == hi else ctx.new_dynamic_size(min=lo, max=None if hi < 0 else hi)
     return empty_in_order(shape, dim_order(padded), padded.dtype, padded.device)
 
 
@@ -578,7 +609,7 @@ def _(grad, padded, weight, splits, dims, stride, padding, dilation, groups, mas
 def _save_window(ctx, inputs, output):
     padded, weight, bias, splits = inputs[:4]
     ctx.save_for_backward(padded, weight, splits)
-    ctx.conv = inputs[4:]
+    ctx.conv = inputs[4:-1]
     ctx.has_bias = bias is not None
 
 
@@ -586,7 +617,7 @@ def _window_conv_grad(ctx, grad):
     padded, weight, splits = ctx.saved_tensors
     mask = [ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.has_bias and ctx.needs_input_grad[2]]
     grads = torch.ops.halocp.window_conv_backward(grad, padded, weight, splits, *ctx.conv, mask)
-    return tuple(g if m else None for g, m in zip(grads, mask)) + (None,) * 6
+    return tuple(g if m else None for g, m in zip(grads, mask)) + (None,) * 7
 
 
 _window_conv_op.register_autograd(_window_conv_grad, setup_context=_save_window)
@@ -650,13 +681,22 @@ class _ContextParallelConv3d(torch.nn.Conv3d):
         """What torch.compile traces of a stride-1, zero-padded layer: the
         exchange's custom op, then torch's convolution of the padded shard
         (conv3d with no temporal padding). A length that is data to the
-        graph (a strided layer's output), alike on every rank, takes the
-        general path: its convolution, inside an op, minds an empty window
-        (and inductor lowers a convolution only over sizes it has a hint for)."""
-        empty = known(x.shape[2] == 0, False)
-        if not empty and known(x.shape[2] == 0, True):
-            return _sharded_conv(self, x, self._pads(), {0: self.group})
+        graph (a strided layer's output) has the convolution inside
+        window_conv, which minds an empty window (and inductor lowers a
+        convolution only over sizes it has a hint for); its split is known
+        locally (each rank's outputs are its inputs' frames), so that every
+        rank runs the same exchanges whichever of its lengths the graph
+        knows (a rank's strided output count can be decided on one rank and
+        data on another: _count_bounds)."""
+        n = x.shape[2]
+        empty = known(n == 0, False)
         x = cp_halo_exchange(x, self.left, self.right, 2, self.group)
+        if not empty and known(n == 0, True):
+            splits = torch.stack([torch.zeros((), dtype=torch.int64), torch.scalar_tensor(n, dtype=torch.int64)])
+            conv = (list(self.stride), list(self.padding), list(self.dilation), self.groups)
+            y = torch.ops.halocp.window_conv(x, self.weight, self.bias, splits.view(1, 2), [2], *conv, [])
+            torch._check(y.shape[2] == n)
+            return y
         if empty:  # no output frames, but the graph that runs the exchange's backward
             x = F.pad(x, (0, 0, 0, 0, 0, 1))
         y = F.conv3d(x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
@@ -796,6 +836,36 @@ class TiledConv3d(_TiledConv, torch.nn.Conv3d):
 # Layers that live in modules of their own (issue 21), exported here with the others.
 from .norm import GroupNorm  # noqa: E402
 from .pool import AvgPool3d, MaxPool3d  # noqa: E402
+
+
+class _Averaging:
+    """AvgPool3d as the depthwise convolution that the compiled general path
+    runs (its split, exchange and ops): a constant weight of 1/divisor per
+    channel, no bias, zeros padded (counted in the divisor, as
+    count_include_pad=True counts them)."""
+
+    padding_mode = temporal_padding_mode = "zeros"
+    bias = None
+
+    def __init__(self, pool, x):
+        k, divisor = pool._k, pool.divisor_override or pool._k[0] * pool._k[1] * pool._k[2]
+        self.kernel_size, self.stride, self.dilation, self.groups = k, pool._s, (1, 1, 1), x.shape[1]
+        self.weight = torch.full((x.shape[1], 1, *k), 1.0 / divisor, dtype=x.dtype, device=x.device)
+
+
+def _compiled_average(pool, x):
+    """AvgPool3d under torch.compile: the same sums as a convolution (in
+    another order: to rounding), whose output count along time the compiled
+    path's ops give, as for a strided CausalConv3d. Installed here, since
+    pool.py is imported by this module."""
+    if not pool.count_include_pad and (pool._p[1] or pool._p[2]):
+        raise HaloError(_lib.ERR_INVALID_ARGUMENT,
+                        "halocp.nn: AvgPool3d with count_include_pad=False and spatial padding does not compile "
+                        "yet; wrap it in torch.compiler.disable")
+    return _sharded_conv(_Averaging(pool, x), x, [(p, p) for p in pool._p], {0: pool.group}, name="AvgPool3d")
+
+
+AvgPool3d._compiled = _compiled_average
 from .transpose import ConvTranspose3d  # noqa: E402
 
 __all__ += ["GroupNorm", "ConvTranspose3d", "AvgPool3d", "MaxPool3d"]

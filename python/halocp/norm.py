@@ -199,7 +199,10 @@ def _global_statistics(x, groups, group, header=None, eps=0.0):
         mean = mean.squeeze(2).double()  # in float64 from here: and the count exact past 2^24
         mine = torch.stack([torch.full_like(mean, count), mean, m2.double()])
     else:  # an empty shard: no samples, nothing to add
-        mine = torch.zeros(3, n_batch, groups, dtype=torch.float64, device=x.device)
+        # (zeros that are x's sums over no elements: in a traced graph the
+        # statistics' exchange then waits for x, in the same order as on
+        # the ranks with frames, which AOTAutograd's partitioner keeps)
+        mine = xg.sum(2, dtype=torch.float64).expand(3, n_batch, groups).clone()
     world, _ = world_and_rank(group)
     if world == 1:
         return mine[1], mine[2], mine[0]

@@ -72,9 +72,7 @@ class _ShardedPool:
         if x.dim() == 4:
             return self.forward(x.unsqueeze(0)).squeeze(0)
         if is_compiling():
-            raise HaloError(_lib.ERR_INVALID_ARGUMENT,
-                            f"halocp.nn: {name} over a sharded time axis does not compile yet (its output length "
-                            f"is data to the graph); wrap it in torch.compiler.disable")
+            return self._compiled(x)
         k, s, p, d = self._k, self._s, self._p, self._d
         e = d[0] * (k[0] - 1)
         row = [x.shape[2], k[0], s[0], d[0], p[0], p[0]]
@@ -94,6 +92,11 @@ class _ShardedPool:
             dtype = result_dtype(lambda w: self._pool(w, k, s, (0, p[1], p[2])), padded, k, d)
             return _Empty.apply(padded, shape, dtype)
         return self._pool(padded.narrow(2, phase, (count - 1) * s[0] + e + 1), k, s, (0, p[1], p[2]))
+
+    def _compiled(self, x):
+        raise HaloError(_lib.ERR_INVALID_ARGUMENT,
+                        f"halocp.nn: {type(self).__name__} over a sharded time axis does not compile yet (its output "
+                        f"length is data to the graph); wrap it in torch.compiler.disable")
 
     def extra_repr(self) -> str:
         return super().extra_repr() + f", temporal halo=({self.left}, {self.right})"
@@ -121,6 +124,8 @@ class AvgPool3d(_ShardedPool, torch.nn.AvgPool3d):
 
     def _pool(self, window, k, s, padding):
         return F.avg_pool3d(window, k, s, padding, False, self.count_include_pad, self.divisor_override)
+
+    # _compiled (under torch.compile): halocp.nn's, which runs the average as its convolution.
 
 
 class MaxPool3d(_ShardedPool, torch.nn.MaxPool3d):

@@ -317,6 +317,26 @@ def scenario_changing_lengths():
                f"step {s}, lengths {lengths}: {counter.frame_count} graphs compiled for changing shard lengths")
 
 
+def scenario_pooling():
+    """AvgPool3d compiles (as the depthwise convolution it is): pairs across
+    shards, padded windows, rank 0's empty shard; MaxPool3d is refused there
+    while dynamo traces (which reports the HaloError's message as its own
+    Unsupported), saying to run it eagerly."""
+    torch.manual_seed(41)
+    pairs = halocp.nn.AvgPool3d((2, 1, 1), stride=(2, 1, 1))
+    _same(pairs, torch.randn(1, 2, 3 + 2 * ranks.RANK, 3, 3), what="AvgPool3d pairs")
+    padded = halocp.nn.AvgPool3d(3, stride=(2, 1, 1), padding=1)
+    _same(padded, torch.randn(1, 2, 3 * ranks.RANK, 3, 3), what="AvgPool3d padded, rank 0 empty")
+    torch._dynamo.reset()
+    compiled = torch.compile(halocp.nn.MaxPool3d((2, 1, 1)), backend="aot_eager", fullgraph=True)
+    try:
+        compiled(torch.randn(1, 2, 4, 3, 3))
+    except Exception as e:  # noqa: BLE001 - dynamo's type, the message checked
+        expect("MaxPool3d over a sharded time axis does not compile yet" in str(e), f"a compiled MaxPool3d: {e}")
+    else:
+        raise ranks.Failure("a compiled MaxPool3d ran")
+
+
 def scenario_inductor():
     """Inductor (the default backend) on a strided layer into a
     ConvTranspose3d: the convolutions over lengths that are data to the

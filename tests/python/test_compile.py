@@ -15,7 +15,7 @@ from launcher import expect_scenario, launch
 
 HERE = Path(__file__).resolve().parent
 SCENARIOS = ["default_group", "new_group", "exchanges_bits", "layers", "strided", "no_output", "tiled",
-             "tile_exchange", "mismatch", "norm_mismatch", "transpose", "group_forms", "changing_lengths", "inductor"]
+             "tile_exchange", "mismatch", "norm_mismatch", "transpose", "group_forms", "changing_lengths", "pooling", "inductor"]
 
 
 @pytest.fixture(scope="module")
@@ -48,3 +48,28 @@ def test_one_process():
     got = torch.compile(model, backend=counter, fullgraph=True)(x)
     assert counter.frame_count == 1
     assert torch.allclose(got, model(x), rtol=1e-5, atol=1e-5)
+
+
+def test_count_bounds():
+    """_splits.count_bounds, the output counts a compiled strided layer
+    tells the graph from this rank's length and place alone, hold the count
+    that _splits.outputs gives from every rank's lengths, for every split of
+    up to 3 ranks of 0 to 6 frames; and decide it for rank 0 and for the
+    multiples of the stride that converted VAEs' ranks hold."""
+    import itertools
+    import sys
+
+    sys.path.insert(0, str(HERE.parents[1] / "python"))
+    from halocp._splits import count_bounds, outputs
+
+    for s, e, pl, pr in itertools.product(range(1, 4), range(4), range(4), range(4)):
+        for world in (1, 2, 3):
+            for lengths in itertools.product(range(7), repeat=world):
+                for rank in range(world):
+                    lo, hi = count_bounds(s, e, pl, pr, lengths[rank], rank, world)
+                    count = outputs(s, e, pl, pr, list(lengths), rank)[1]
+                    assert lo <= count <= hi, (s, e, pl, pr, lengths, rank, count, lo, hi)
+    assert count_bounds(2, 2, 2, 0, 9, 0, 2) == (5, 5)  # LTX-Video's strided causal conv, rank 0: 1 + 8 frames
+    assert count_bounds(2, 2, 2, 0, 16, 1, 2) == (8, 8)
+    assert count_bounds(2, 2, 2, 0, 8, 1, 3) == (4, 4) and count_bounds(2, 2, 2, 0, 0, 1, 3) == (0, 0)
+    assert count_bounds(3, 2, 2, 0, 2, 1, 2) == (0, 1)  # ranks_compile.py no_output: decided by the others

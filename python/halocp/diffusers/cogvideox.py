@@ -43,6 +43,9 @@ def _cog_downsample(m, group):
             first = cv.holds_first_frame(group)
             head, rest = (x[:, :, :1], x[:, :, 1:]) if first else (None, x)
             x = self.temporal_pool(rest)
+            # Every rank's rest is an even count of frames (split_clip), so its pairs are its own: what a
+            # traced graph cannot tell from this rank's length alone (halocp.nn._count_bounds).
+            torch._check(x.shape[2] == rest.shape[2] // 2)
             if first:
                 x = torch.cat([head, x], dim=2)
         x = F.pad(x, (0, 1, 0, 1))
@@ -73,7 +76,12 @@ def _nearest_frames(z, t, h, w):
     """z (N, C, Tz, Hz, Wz) to (t, h, w) by nearest: torch's interpolate,
     which refuses empty tensors, with time repeated when t is a multiple of Tz."""
     if t == 0 or z.shape[2] == 0 or t % z.shape[2]:
-        return F.interpolate(z, size=(t, h, w)) if t and z.shape[2] else z.new_zeros(*z.shape[:2], t, h, w)
+        if t and z.shape[2]:
+            return F.interpolate(z, size=(t, h, w))
+        if t:
+            return z.new_zeros(*z.shape[:2], t, h, w)
+        # no frames, from z (its sums over none): a traced graph then runs the layers after z, as other ranks do
+        return z[:, :, :0].sum((2, 3, 4), keepdim=True).expand(*z.shape[:2], 0, h, w)
     n, tz = z.shape[0], z.shape[2]
     z = cv.frames_3d(F.interpolate(cv.frames_2d(z), size=(h, w)), n, tz)
     return z.repeat_interleave(t // z.shape[2], dim=2)
