@@ -174,7 +174,7 @@ def result_dtype(op, x: Tensor, kernel, dilation) -> torch.dtype:
     average pooling raises bfloat16 to float32). A rank that computes no
     output frames must still give its peers' dtype, or the next exchange's
     ranks disagree: so op runs on a batch of zero, which computes nothing."""
-    if not torch.is_autocast_enabled(x.device.type):
+    if not (torch.amp.is_autocast_available(x.device.type) and torch.is_autocast_enabled(x.device.type)):
         return x.dtype
     extent = [d * (k - 1) + 1 for k, d in zip(kernel, dilation)]
     return op(x.new_empty((0, x.shape[1], *extent))).dtype

@@ -73,7 +73,7 @@ def _autocast_inputs(*tensors):
     the dtypes the forward convolved (float32 weights beside a bfloat16
     gradient make torch's convolution backward fail)."""
     device = tensors[0].device.type
-    if not torch.is_autocast_enabled(device):
+    if not (torch.amp.is_autocast_available(device) and torch.is_autocast_enabled(device)):
         return tensors
     dtype = torch.get_autocast_dtype(device)
     return tuple(t.to(dtype) if t is not None and t.is_floating_point() and t.dtype != torch.float64 else t
