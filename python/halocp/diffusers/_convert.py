@@ -172,6 +172,23 @@ class FrameCountError(HaloError, ValueError):
 FrameCountError.__module__ = "halocp.diffusers"
 
 
+def checked_calls(vae):
+    """vae's ``_encode`` and ``_decode`` check their shard's frames first
+    (check_frames), as methods bound to the model (a deepcopy binds them to
+    the copy)."""
+    encode, decode = type(vae)._encode, type(vae)._decode
+
+    def _encode(self, x, *args, **kwargs):
+        check_frames(self, x, False)
+        return encode(self, x, *args, **kwargs)
+
+    def _decode(self, z, *args, **kwargs):
+        check_frames(self, z, True)
+        return decode(self, z, *args, **kwargs)
+
+    vae._encode, vae._decode = types.MethodType(_encode, vae), types.MethodType(_decode, vae)
+
+
 def check_frames(vae, x, latent, first_frame=True):
     """Refuse, on every rank alike, a shard that the split does not allow:
     rank 0 holds 1 + r*k0 frames (1 + k0 latent frames), rank i > 0 r*ki

@@ -11,7 +11,6 @@ norms."""
 
 from __future__ import annotations
 
-import types
 
 import torch
 
@@ -24,18 +23,7 @@ _PAD_MODES = {"replicate": "replicate", "constant": "zeros", "reflect": "reflect
 
 def _hunyuan_model(vae):
     cv.no_tiling(vae)
-    encode, decode = type(vae)._encode, type(vae)._decode
-
-    # Methods bound to the model (a deepcopy binds them to the copy).
-    def _encode(self, x, *args, **kwargs):
-        cv.check_frames(self, x, False)
-        return encode(self, x, *args, **kwargs)
-
-    def _decode(self, z, *args, **kwargs):
-        cv.check_frames(self, z, True)
-        return decode(self, z, *args, **kwargs)
-
-    vae._encode, vae._decode = types.MethodType(_encode, vae), types.MethodType(_decode, vae)
+    cv.checked_calls(vae)
 
 
 def _hunyuan_causal_conv(m, group):

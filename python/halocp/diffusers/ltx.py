@@ -11,7 +11,6 @@ norms are per-position RMS norms over channels."""
 from __future__ import annotations
 
 import math
-import types
 
 import torch
 
@@ -125,17 +124,7 @@ def _ltx2_model(vae):
         for m in part.modules():
             if type(m).__name__ == "LTX2VideoCausalConv3d":
                 m.is_causal = part.is_causal
-    encode, decode = type(vae)._encode, type(vae)._decode
-
-    def _encode(self, x, *args, **kwargs):
-        cv.check_frames(self, x, False)
-        return encode(self, x, *args, **kwargs)
-
-    def _decode(self, z, *args, **kwargs):
-        cv.check_frames(self, z, True)
-        return decode(self, z, *args, **kwargs)
-
-    vae._encode, vae._decode = types.MethodType(_encode, vae), types.MethodType(_decode, vae)
+    cv.checked_calls(vae)
 
 
 def _ltx2_causal_conv(m, group):
