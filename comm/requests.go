@@ -36,6 +36,17 @@ type streams struct {
 	// in the order they were freed: the next call that blocks on the
 	// host finishes them first (Quiesce), a request's Test progresses them.
 	detached []*Request
+	// lost is the first failure of an exchange whose request was freed
+	// before its caller was told its result (halocp frees a request once a
+	// stream was told to wait for it, as NCCL's callers never see an
+	// operation's own result): the next exchange the communicator is asked
+	// to run or start returns it, once, instead of running, so that the
+	// results a stream read are known to be invalid.
+	lost error
+	// freedStreams holds the stream-ordered requests freed before their
+	// exchange ended, in the order started (the proxy's): each call that
+	// may report lost first looks at those that have ended since.
+	freedStreams []*Request
 }
 
 // Request is one exchange started by Start: on the host (the plan's own
@@ -51,6 +62,8 @@ type Request struct {
 	err    error // the exchange's result, once ended
 	// planGone is set when the plan is closed with the exchange in flight.
 	planGone bool
+	// told: Test or Wait has given the caller the exchange's result.
+	told bool
 }
 
 // Exchange runs the direction's exchange of p, whose tensors bufs holds as
@@ -61,6 +74,9 @@ type Request struct {
 func (c *Comm) Exchange(p *halo.Plan, d halo.Direction, bufs []unsafe.Pointer, stream uintptr) error {
 	if stream == 0 {
 		c.Quiesce()
+		if err := c.takeLost(); err != nil {
+			return err
+		}
 		return runExchange(p, d, bufs, true)
 	}
 	// bufs outlives the exchange: this call waits for it.
@@ -85,6 +101,9 @@ func (c *Comm) Start(p *halo.Plan, d halo.Direction, bufs []unsafe.Pointer, stre
 		return r, nil
 	}
 	c.Quiesce()
+	if err := c.takeLost(); err != nil {
+		return nil, err
+	}
 	if err := runExchange(p, d, bufs, false); err != nil {
 		return nil, err
 	}
@@ -133,9 +152,13 @@ func runExchange(p *halo.Plan, d halo.Direction, bufs []unsafe.Pointer, wait boo
 
 // startOnStream queues run on the stream, in the proxy's order. A host
 // exchange whose request was freed is finished first: the proxy must not
-// drive the communicator while the host has one to finish.
+// drive the communicator while the host has one to finish. A lost failure
+// is returned instead.
 func (c *Comm) startOnStream(stream uintptr, run func() error) (*cuda.Request, error) {
 	c.settleDetached(true)
+	if err := c.takeLost(); err != nil {
+		return nil, err
+	}
 	px, err := c.proxy()
 	if err != nil {
 		return nil, err
@@ -143,6 +166,12 @@ func (c *Comm) startOnStream(stream uintptr, run func() error) (*cuda.Request, e
 	r, err := px.Start(cuda.Stream(stream), run)
 	if err != nil {
 		if errors.Is(err, cuda.ErrAborted) {
+			// A freed exchange the abort ended says more: once the proxy
+			// is idle (the abort ends the running one), it is known.
+			px.Idle()
+			if lost := c.takeLost(); lost != nil {
+				return nil, lost
+			}
 			return nil, fmt.Errorf("rank %d: stream %#x: %w", c.cfg.Rank, stream, classed(err))
 		}
 		return nil, fmt.Errorf("%w: rank %d: stream %#x: %v", halo.ErrInvalid, c.cfg.Rank, stream, err)
@@ -191,8 +220,7 @@ func (c *Comm) Quiesce() {
 }
 
 // settleDetached finishes the freed host requests' exchanges (wait: Wait
-// on each, else Test, keeping those not done). Their results are nobody's:
-// an exchange that fails its communicator says so in every later call.
+// on each, else Test, keeping those not done); a failure is lost's.
 func (c *Comm) settleDetached(wait bool) {
 	c.st.mu.Lock()
 	list := c.st.detached
@@ -203,10 +231,10 @@ func (c *Comm) settleDetached(wait bool) {
 		switch {
 		case r.ended || r.planGone:
 		case wait:
-			r.end(r.p.Wait(r.dir))
+			c.lose(r, r.end(r.p.Wait(r.dir)))
 		default:
 			if ok, err := r.p.Test(r.dir); ok || err != nil {
-				r.end(err)
+				c.lose(r, r.end(err))
 			} else {
 				left = append(left, r)
 			}
@@ -273,6 +301,7 @@ func (c *Comm) EndRequests(why error) {
 		c.st.gone = why
 	}
 	c.st.detached = nil // the plans' close cancels their exchanges
+	c.st.freedStreams = nil
 }
 
 // closeProxy ends the requests (if EndRequests has not) and the proxy,
@@ -296,6 +325,53 @@ func (c *Comm) abortProxy() {
 	if px := c.currentProxy(); px != nil {
 		px.Abort()
 	}
+}
+
+// lose keeps err, a failure of freed request r's exchange, for the next
+// exchange to report (the first one stays). A communicator closed, or one
+// that failed (every later call says so), has nothing to add.
+func (c *Comm) lose(r *Request, err error) {
+	if err == nil {
+		return
+	}
+	c.st.mu.Lock()
+	defer c.st.mu.Unlock()
+	c.loseLocked(r, err)
+}
+
+func (c *Comm) loseLocked(r *Request, err error) {
+	if c.st.lost != nil || c.st.gone != nil {
+		return
+	}
+	what, dir := "host", "forward"
+	if r.stream != nil {
+		what = "stream-ordered"
+	}
+	if r.dir == halo.DirBackward {
+		dir = "backward"
+	}
+	c.st.lost = fmt.Errorf("rank %d: an earlier %s %s exchange, whose request was freed before its result was read, "+
+		"failed, so what was read of its results (by a stream told to wait for it) is not valid: %w", c.cfg.Rank, what, dir, err)
+}
+
+// takeLost returns the lost failure once, after a look at the freed
+// stream-ordered requests that have ended since the last.
+func (c *Comm) takeLost() error {
+	c.st.mu.Lock()
+	defer c.st.mu.Unlock()
+	left := c.st.freedStreams[:0]
+	for _, r := range c.st.freedStreams {
+		if done, err := r.stream.Test(); !done {
+			left = append(left, r)
+		} else if err != nil {
+			c.loseLocked(r, classed(err))
+		}
+	}
+	clear(c.st.freedStreams[len(left):])
+	c.st.freedStreams = left
+	err := c.st.lost
+	c.st.lost = nil
+	return err
 }
 
 func (c *Comm) requestsGone() error {
@@ -342,6 +418,20 @@ var errPlanGone = fmt.Errorf("%w: the request's plan was destroyed while its exc
 // Test progresses the exchange without blocking; done once it has ended,
 // with its error, on every call until the request is freed.
 func (r *Request) Test() (done bool, err error) {
+	done, err = r.poll()
+	r.told = r.told || done
+	return done, err
+}
+
+// Wait blocks until the exchange has ended and returns its result.
+func (r *Request) Wait() error {
+	err := r.wait()
+	r.told = true
+	return err
+}
+
+// poll is Test, without telling the caller.
+func (r *Request) poll() (done bool, err error) {
 	if gone := r.c.requestsGone(); gone != nil {
 		return true, gone
 	}
@@ -369,8 +459,7 @@ func (r *Request) Test() (done bool, err error) {
 	return false, nil
 }
 
-// Wait blocks until the exchange has ended and returns its result.
-func (r *Request) Wait() error {
+func (r *Request) wait() error {
 	if gone := r.c.requestsGone(); gone != nil {
 		return gone
 	}
@@ -403,19 +492,25 @@ func (r *Request) WaitOn(stream uintptr) error {
 func (r *Request) Stream() bool { return r.stream != nil }
 
 // Free releases the request, as ucp_request_free does: one whose exchange
-// has not ended is released when it ends, and its result is then nobody's
-// (an exchange that fails its communicator says so in every later call).
-// A stream-ordered exchange ends on the proxy; a host one is finished by
-// the next call that blocks on the host (Quiesce), or progressed by another
-// request's Test. The request is not used after Free.
+// has not ended is released when it ends. A failure of an exchange whose
+// result the caller was not told (by Test or Wait) is the next exchange's
+// to report (lost). A stream-ordered exchange ends on the proxy; a host one
+// is finished by the next call that blocks on the host (Quiesce), or
+// progressed by another request's Test. The request is not used after Free.
 func (r *Request) Free() error {
-	if ok, _ := r.Test(); ok {
+	if ok, err := r.poll(); ok {
+		if !r.told && err != errPlanGone {
+			r.c.lose(r, err) // ended, failed, and nobody was told
+		}
 		return nil // a stream-ordered request holds nothing more (its event went when the proxy had waited)
 	}
+	c := r.c
+	c.st.mu.Lock()
+	defer c.st.mu.Unlock()
 	if r.stream == nil {
-		r.c.st.mu.Lock()
-		r.c.st.detached = append(r.c.st.detached, r)
-		r.c.st.mu.Unlock()
+		c.st.detached = append(c.st.detached, r)
+	} else if !r.told {
+		c.st.freedStreams = append(c.st.freedStreams, r)
 	}
 	return nil
 }

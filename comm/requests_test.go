@@ -3,6 +3,7 @@ package comm
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 	"unsafe"
@@ -84,6 +85,67 @@ func TestExchangePairAndRequests(t *testing.T) {
 			return fmt.Errorf("rank %d: Test after EndRequests: %v", r, err)
 		}
 		return q.Free()
+	})
+	for _, err := range errs {
+		if err != nil {
+			t.Error(err)
+		}
+	}
+}
+
+// A stream-ordered exchange that fails after its request was freed unread
+// (as halocp frees one once a stream was told to wait for it): the next
+// exchange on the host (which waits for the queued ones first, so it knows
+// of the failure) reports it, once, instead of running, and the one after
+// runs; a failure the caller was told of (Wait) is not reported again.
+func TestFreedRequestFailureIsReported(t *testing.T) {
+	addr := freeAddr(t)
+	const W = 2
+	errs := halotest.Ranks(W, func(r int) error {
+		c, err := New(Config{Rank: r, Size: W, Rendezvous: addr, Job: "lost-test", Timeout: 10 * time.Second,
+			BootstrapTimeout: 20 * time.Second, CUDADriver: "host-fake"})
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		p, err := c.NewPlan(halo.Spec{DType: halo.Float64, Shape: []int64{3}, Dim: 0, Left: 1, Right: 1})
+		if err != nil {
+			return err
+		}
+		x, out := make([]float64, 3), make([]float64, 5)
+		good := []unsafe.Pointer{unsafe.Pointer(&x[0]), unsafe.Pointer(&out[0])}
+		// Three buffers for a plan that takes two: refused by the run on
+		// the proxy, before anything goes on the wire (every rank alike).
+		bad := append(good, unsafe.Pointer(&out[1]))
+		stream := uintptr(0x61 + 2*r)
+		for _, tell := range []bool{false, true} {
+			q, err := c.Start(p, halo.DirForward, bad, stream)
+			if err != nil {
+				return fmt.Errorf("rank %d: Start: %w", r, err)
+			}
+			if err := q.WaitOn(uintptr(0x62 + 2*r)); err != nil {
+				return fmt.Errorf("rank %d: WaitOn: %w", r, err)
+			}
+			if tell {
+				if err := q.Wait(); !errors.Is(err, halo.ErrInvalid) {
+					return fmt.Errorf("rank %d: Wait of the bad exchange: %v", r, err)
+				}
+			}
+			if err := q.Free(); err != nil {
+				return err
+			}
+			err = c.Exchange(p, halo.DirForward, good, 0)
+			switch {
+			case tell && err != nil:
+				return fmt.Errorf("rank %d: a failure its caller was told of was reported again: %v", r, err)
+			case !tell && (!errors.Is(err, halo.ErrInvalid) || !strings.Contains(err.Error(), "freed before its result was read")):
+				return fmt.Errorf("rank %d: the exchange after a freed failed one: %v", r, err)
+			}
+			if err := c.Exchange(p, halo.DirForward, good, stream); err != nil {
+				return fmt.Errorf("rank %d: the exchange after the report: %w", r, err)
+			}
+		}
+		return nil
 	})
 	for _, err := range errs {
 		if err != nil {

@@ -593,9 +593,14 @@ halo_result_t halo_request_wait(halo_request_t request, void *stream);
 /**
  * @brief Release a request, as ucp_request_free does: the handle is invalid
  * from now on, and a request whose exchange has not ended is released when
- * it ends. Its result is then reported to nobody (an exchange that fails its
- * communicator makes every later call fail with HALO_ERR_COMM_FAILED), and
- * its tensors belong to the exchange until it has ended: a stream-ordered
+ * it ends. If its exchange fails and the caller was not told so (by
+ * halo_request_test or a host halo_request_wait), the next exchange on the
+ * communicator that starts once the failure is known (any host call waits
+ * for the queued stream-ordered ones first, so it always knows) returns that
+ * failure instead of running, once, saying that what a stream read of the
+ * freed exchange's results is not valid; an exchange that fails its
+ * communicator makes every later call fail with HALO_ERR_COMM_FAILED as
+ * well. Its tensors belong to the exchange until it has ended: a stream-ordered
  * one ends on the proxy, ahead of the later work of its stream (and of the
  * streams told to wait for it); one without a stream is finished by the
  * next call on the communicator that blocks on the host (a blocking

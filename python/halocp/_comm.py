@@ -117,13 +117,10 @@ class Communicator:
     # route per layout and device path (halocp.exchange.route), the CUDA
     # paths' buffers (halocp._cuda), keyed by (kind, ...);
     # cuda_path: "direct" or "staged" once asked (halocp._cuda);
-    # dropped: exchanges whose handles were dropped unwaited (halocp._inflight);
-    # waited: stream-ordered exchanges that a stream was told to wait for,
-    # to free once they have ended (halocp._inflight.reap).
+    # dropped: exchanges whose handles were dropped unwaited (halocp._inflight).
     cache: OrderedDict
     cuda_path: str | None
     dropped: list
-    waited: list
 
     def __init__(self, group, timeout: float | None = None):
         if _forked_from is not None:
@@ -135,7 +132,7 @@ class Communicator:
                 "loaded libhalo; Go's runtime does not survive a fork, so halocp cannot exchange here. Use it "
                 "in a process started by exec (multiprocessing's or torch.multiprocessing's spawn)",
             )
-        self.cache, self.cuda_path, self.dropped, self.waited = OrderedDict(), None, [], []
+        self.cache, self.cuda_path, self.dropped = OrderedDict(), None, []
         self.group = group
         self.rank = dist.get_rank(group)
         self.world_size = dist.get_world_size(group)
@@ -265,7 +262,7 @@ class Communicator:
         self.lock = threading.RLock()
         self.closed, self.handle = True, None
         self.cache.clear()  # the plans' finalisers see closed and call nothing
-        self.dropped, self.cuda_path, self.waited = [], None, []
+        self.dropped, self.cuda_path = [], None
 
     def close(self) -> None:
         """Destroy the communicator and its plans (local; never hangs). In a
@@ -278,7 +275,7 @@ class Communicator:
                 return
             self.closed = True
             self.cache.clear()
-            self.dropped, self.cuda_path, self.waited = [], None, []
+            self.dropped, self.cuda_path = [], None
             if self.handle is not None:
                 _lib.comm_destroy(self.handle)
                 self.handle = None

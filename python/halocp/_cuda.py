@@ -240,6 +240,18 @@ class _Buffers:
             return _lib.stream_handle(torch.cuda.current_stream(self.device).cuda_stream)
         return _FAKE_STREAM
 
+    def _waiting_stream(self, buffers) -> int:
+        """_stream, for the stream told to wait for an exchange of buffers:
+        its request is freed at that wait, so the caching allocator is told
+        that the stream uses them (a buffer dropped meanwhile, its cache
+        entry evicted, is reused only once the stream has passed the
+        exchange)."""
+        if self.cuda:
+            stream = torch.cuda.current_stream(self.device)
+            for b in buffers:
+                b.record_stream(stream)
+        return self._stream()
+
     def _start(self, direction, *buffers) -> _inflight.Pending:
         """Start the plan's exchange of the buffers, after the work queued
         so far: direct, ordered on the current stream (the caller is not
@@ -248,8 +260,8 @@ class _Buffers:
         if not self.direct:
             self._ready()
             return _inflight.start(self.plan, direction, *buffers)
-        pending = _inflight.start(self.plan, direction, *buffers, stream=self._stream(), waiter=self._stream,
-                                  host_wait=not self.cuda)
+        pending = _inflight.start(self.plan, direction, *buffers, stream=self._stream(),
+                                  waiter=lambda: self._waiting_stream(buffers), host_wait=not self.cuda)
         if self.plan is not self.agreed:
             # A plan's first exchange agrees on it with the other ranks, and
             # a CUDA plan may refuse the layout there (a slice sent to two

@@ -33,9 +33,13 @@ class Pending:
 
     A stream-ordered one (started with a stream) is finished by making a
     stream wait for it: ``waiter()`` gives the stream, read at the wait
-    (the one that will read the results); the host does not wait, unless
-    ``host_wait`` (torch's work on CPU tensors is not on that stream). Its
-    request is freed once the exchange has ended (see reap)."""
+    (the one that will read the results; it also tells the caching
+    allocator that the stream uses the tensors, so that their memory
+    outlives the exchange); the host does not wait, unless ``host_wait``
+    (torch's work on CPU tensors is not on that stream). Its request is
+    freed at that wait: the library releases it when the exchange ends, and
+    should the exchange fail, the next exchange on the communicator reports
+    it, saying the results the stream read are not valid."""
 
     __slots__ = ("plan", "direction", "tensors", "request", "finished", "stream", "waiter", "host_wait")
 
@@ -62,11 +66,7 @@ class Pending:
         except HaloError:
             self._release()
             raise
-        if done and block and self.stream is not None and not self.host_wait:
-            # The stream waits for it; the exchange may not have begun yet.
-            self.finished = True
-            self.plan.comm.waited.append(self)
-        elif done:
+        if done:
             self._release()
         return done
 
@@ -88,15 +88,12 @@ class Pending:
             pass
 
     def _release(self):
-        # The caller is done with the exchange; its request goes once the
-        # exchange has ended (a stream's wait for it may come first: then
-        # the request, and the tensors the exchange may still touch, wait
-        # in comm.waited).
+        # The caller is done with the exchange: its request goes (the
+        # library releases one still in flight, a stream having been told
+        # to wait for it, when it ends).
         self.finished = True
-        if self.plan.free(self.request):
-            self.tensors = ()
-        else:
-            self.plan.comm.waited.append(self)
+        self.plan.free(self.request)
+        self.tensors = ()
 
 
 def start(plan, direction: int, *tensors, stream: int | None = None, waiter=None, host_wait=False) -> Pending:
@@ -107,8 +104,6 @@ def start(plan, direction: int, *tensors, stream: int | None = None, waiter=None
     comm = plan.comm
     if comm.dropped:
         settle(comm)
-    if comm.waited:
-        reap(comm)
     request = plan.start(direction, [t.data_ptr() for t in tensors], stream)
     return Pending(plan, direction, tensors, request, stream, waiter, host_wait)
 
@@ -124,36 +119,6 @@ def settle(comm) -> None:
     dropped = comm.dropped
     while dropped:
         dropped.pop(0).finish_quietly()
-
-
-def reap(comm) -> None:
-    """Free the requests of the stream-ordered exchanges on comm that were
-    waited for on a stream and have ended since. One that failed did so
-    after its results were handed to the stream: its failure is raised here,
-    by the next exchange halocp starts on the communicator.
-
-    Why not halo_request_free at the stream's wait (the library would
-    release the request when it ends, and the tensors could be kept by the
-    caching allocator's record_stream): a freed request's result is
-    nobody's. The next call would fail with the communicator's failure,
-    but nothing could say that the results a stream already read were not
-    valid (ranks_cuda.py's scenario_failed_after_wait)."""
-    failed, waited = None, comm.waited
-    # The proxy runs a communicator's exchanges in the order they were
-    # started: the first one that has not ended ends the look.
-    while waited:
-        p = waited[0]
-        try:
-            if not p.plan.test(p.request):
-                break
-        except HaloError as e:
-            failed = failed or e
-        p.plan.free(p.request)
-        p.tensors = ()
-        waited.pop(0)
-    if failed is not None:
-        raise HaloError(failed.code, f"halocp: rank {comm.rank}: a stream-ordered exchange failed after a stream "
-                        f"was told to wait for it, so the results that stream read are not valid: {failed}")
 
 
 _RUNNING, _FINISHED, _WAITED, _FAILED = "in flight", "finished", "waited", "failed"

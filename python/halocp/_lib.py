@@ -451,17 +451,12 @@ class Plan:
         with self.comm.lock:
             check(lib().halo_request_wait(request, stream), "halo_request_wait")
 
-    def free(self, request: int) -> bool:
-        """Release a request that has ended (finished or failed); False,
-        and the request kept, when its exchange has not ended yet: the
-        library would release a live request when it ends, but the tensors
-        it may still touch are Python's, kept alive by the caller until then,
-        and its failure would be told to nobody (see _inflight.reap)."""
-        done = ctypes.c_int(0)
+    def free(self, request: int) -> None:
+        """Release a request; one whose exchange has not ended is released
+        when it ends (halo_request_free), and its failure, if the caller
+        was not told of it, is the next exchange's error."""
         with self.comm.lock:
-            if lib().halo_request_test(request, ctypes.byref(done)) == SUCCESS and not done.value:
-                return False
-            return lib().halo_request_free(request) == SUCCESS
+            lib().halo_request_free(request)
 
     def __del__(self):
         # Local and never hangs. A plan evicted from a cache lives on while

@@ -286,12 +286,17 @@ static int abort_main(int port) {
         halo_comm_destroy(c);
         return 0;
     }
-    float x[NX], out[NOUT], gx[NX];
+    float x[NX], out[NOUT], gx[NX], out2[NOUT];
     fill(x, HALO_FLOAT32, NX, 0);
-    void *f[2] = {x, out}, *b[2] = {out, gx};
-    halo_request_t a, q;
+    void *f[2] = {x, out}, *b[2] = {out, gx}, *f2[2] = {x, out2};
+    halo_request_t a, q, z;
     HALO_OK(halo_exchange_start(plan, HALO_DIR_FORWARD, f, 2, S1, &a));
     HALO_OK(halo_exchange_start(plan, HALO_DIR_BACKWARD, b, 2, S2, &q));
+    /* A third, freed once a stream was told to wait for it (NCCL's way):
+     * its failure is reported by the next exchange, once. */
+    HALO_OK(halo_exchange_start(plan, HALO_DIR_FORWARD, f2, 2, S1, &z));
+    HALO_OK(halo_request_wait(z, S2));
+    HALO_OK(halo_request_free(z));
     usleep(200 * 1000);
     int done = 1;
     HALO_OK(halo_request_test(a, &done));
@@ -305,6 +310,12 @@ static int abort_main(int port) {
     CHECK(now_s() - t0 < 2, "abort took %.1f s to end the requests", now_s() - t0);
     HALO_OK(halo_request_free(a));
     HALO_OK(halo_request_free(q));
+    rc = halo_exchange(plan, HALO_DIR_FORWARD, f, 2, NULL);
+    CHECK(rc == HALO_ERR_COMM_FAILED && strstr(halo_last_error(), "freed before its result was read"),
+          "the exchange after a freed request's failure: %s: %s", halo_strerror(rc), halo_last_error());
+    rc = halo_exchange(plan, HALO_DIR_FORWARD, f, 2, NULL);
+    CHECK(rc == HALO_ERR_COMM_FAILED && !strstr(halo_last_error(), "freed before"),
+          "a freed request's failure was reported twice: %s: %s", halo_strerror(rc), halo_last_error());
     halo_plan_destroy(plan);
     halo_comm_destroy(c);
     printf("test_request --abort: rank 0: %d failures\n", g_failures);

@@ -275,3 +275,28 @@ def test_one_cache_of_prepared_state():
             if name in ("OrderedDict", "popitem", "move_to_end"):
                 found.append(f"{path.name}:{node.lineno}: {name}")
     assert not found, "prepared state kept outside Communicator.prepared:\n  " + "\n  ".join(found)
+
+
+# ------------------------------------ issue 34 §1: the library frees requests
+def test_requests_are_freed_at_their_finish():
+    """halo_request_free on a live request means "release it when it ends"
+    (the library reports a failure nobody was told of at the next exchange),
+    so halocp keeps no request bookkeeping of its own: _lib.Plan.free is the
+    one call of halo_request_free, Pending._release the one caller of
+    free, and no Communicator list holds requests for later (there was
+    comm.waited, drained by _inflight.reap)."""
+    calls = []
+    for m, path in sorted(_modules().items()):
+        tree = ast.parse(path.read_text(), str(path))
+        for fn in ast.walk(tree):
+            if not isinstance(fn, ast.FunctionDef):
+                continue
+            for node in ast.walk(fn):
+                if isinstance(node, ast.Attribute) and node.attr == "halo_request_free":
+                    calls.append(f"{m}.{fn.name} calls halo_request_free")
+                if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "free" \
+                        and "request" in ast.unparse(node.args):
+                    calls.append(f"{m}.{fn.name} frees")
+                if isinstance(node, ast.Attribute) and node.attr in ("waited", "reap"):
+                    calls.append(f"{m}.{fn.name} uses .{node.attr}")
+    assert sorted(calls) == ["_inflight._release frees", "_lib.free calls halo_request_free"], calls
