@@ -32,10 +32,15 @@ func invalid(format string, args ...any) error {
 	return fmt.Errorf("%w: "+format, append([]any{halo.ErrInvalid}, args...)...)
 }
 
-// exported runs the body of an exported function through export, with the
-// message halo_last_error returns reworded by lastError.
-func exported(eb *C.char, el C.size_t, body func() error) C.int {
-	return export(eb, el, func() error { return lastError(body()) })
+// exported runs the body of an exported function: its error becomes the
+// result code and, reworded by lastError, the message in the caller's
+// thread-local buffer (halo_last_error); a panic becomes HALO_ERR_INTERNAL
+// instead of killing the caller's process.
+func exported(buf *C.char, n C.size_t, body func() error) (rc C.int) {
+	var err error
+	defer func() { finish(&rc, recover(), err, buf, n) }()
+	err = lastError(body())
+	return
 }
 
 // lastError drops the words of the error's class from the front of its
@@ -159,7 +164,7 @@ func haloGoCommGetAddress(h C.uintptr_t, addr *unsafe.Pointer, length *C.size_t,
 //export haloGoCommConnect
 func haloGoCommConnect(h C.uintptr_t, addrs *unsafe.Pointer, lens *C.size_t, eb *C.char, el C.size_t) C.int {
 	return exported(eb, el, func() error {
-		e, err := hostComm(uintptr(h))
+		e, err := lookupCommBlocking(uintptr(h))
 		if err != nil {
 			return err
 		}
@@ -289,7 +294,7 @@ func haloGoPlanCreateMulti(h C.uintptr_t, count C.int, p *C.halo_plan_params_t, 
 
 // createPlan reads count parameter structs and creates one plan over them.
 func createPlan(h C.uintptr_t, count int, p *C.halo_plan_params_t, out *C.halo_plan_t, multi bool) error {
-	e, err := hostComm(uintptr(h))
+	e, err := lookupCommBlocking(uintptr(h))
 	if err != nil {
 		return err
 	}
@@ -396,7 +401,7 @@ func readSpec(p *C.halo_plan_params_t, pre string) (halo.Spec, error) {
 //export haloGoPlanStart
 func haloGoPlanStart(h C.uintptr_t, call C.int, a, b, c unsafe.Pointer, eb *C.char, el C.size_t) C.int {
 	return exported(eb, el, func() error {
-		pe, err := hostPlan(uintptr(h))
+		pe, err := lookupPlanBlocking(uintptr(h))
 		if err != nil {
 			return err
 		}
@@ -423,7 +428,7 @@ func haloGoPlanMulti(h C.uintptr_t, call, start C.int, a, b, c *unsafe.Pointer, 
 			}
 		}
 		if start != 0 {
-			if _, err := hostPlan(uintptr(h)); err != nil {
+			if _, err := lookupPlanBlocking(uintptr(h)); err != nil {
 				return err
 			}
 			return pe.p.DoMulti(halo.Call(call), false, xs[0], xs[1], xs[2])
@@ -481,7 +486,7 @@ func haloGoPlanTest(h C.uintptr_t, dir C.int, done *C.int, eb *C.char, el C.size
 //export haloGoPlanWait
 func haloGoPlanWait(h C.uintptr_t, dir C.int, eb *C.char, el C.size_t) C.int {
 	return exported(eb, el, func() error {
-		pe, err := hostPlan(uintptr(h))
+		pe, err := lookupPlanBlocking(uintptr(h))
 		if err != nil {
 			return err
 		}

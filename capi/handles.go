@@ -78,11 +78,12 @@ func lookupPlan(h uintptr) (*planEntry, error) {
 	return nil, badHandle(h, "plan", kindPlan)
 }
 
-// hostPlan is lookupPlan for a call that runs on the caller's thread: it
-// first waits for the stream-ordered exchanges queued on the plan's
-// communicator (comm.Comm.Quiesce), so that the call takes its number after
-// theirs, in the order the caller made the calls, which every rank shares.
-func hostPlan(h uintptr) (*planEntry, error) {
+// lookupPlanBlocking is lookupPlan for a call that runs on the caller's
+// thread, and it blocks: it first waits for the stream-ordered exchanges
+// queued on the plan's communicator (comm.Comm.Quiesce), so that the call
+// takes its number after theirs, in the order the caller made the calls,
+// which every rank shares.
+func lookupPlanBlocking(h uintptr) (*planEntry, error) {
 	pe, err := lookupPlan(h)
 	if err == nil {
 		pe.c.Quiesce()
@@ -90,9 +91,9 @@ func hostPlan(h uintptr) (*planEntry, error) {
 	return pe, err
 }
 
-// hostComm is lookupComm for a call on the caller's thread that drives the
-// communicator (connecting, creating a plan): as hostPlan.
-func hostComm(h uintptr) (*commEntry, error) {
+// lookupCommBlocking is lookupComm for a call on the caller's thread that drives the
+// communicator (connecting, creating a plan): as lookupPlanBlocking.
+func lookupCommBlocking(h uintptr) (*commEntry, error) {
 	e, err := lookupComm(h)
 	if err == nil {
 		e.c.Quiesce()

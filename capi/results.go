@@ -47,16 +47,6 @@ func code(err error) C.int {
 	return C.HALO_ERR_INTERNAL
 }
 
-// export runs the body of an exported function: its error becomes the
-// result code and the message in the caller's thread-local buffer, and a
-// panic becomes HALO_ERR_INTERNAL instead of killing the caller's process.
-func export(buf *C.char, n C.size_t, body func() error) (rc C.int) {
-	var err error
-	defer func() { finish(&rc, recover(), err, buf, n) }()
-	err = body()
-	return
-}
-
 func finish(rc *C.int, panicked any, err error, buf *C.char, n C.size_t) {
 	if panicked != nil {
 		err = fmt.Errorf("%w: panic: %v", halo.ErrInternal, panicked)

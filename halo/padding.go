@@ -153,14 +153,14 @@ type slot struct {
 }
 
 // at is the slot of padded slice pos of region r.
-func (l layoutPlan) at(r region, pos int64) slot {
+func (l layoutBuilder) at(r region, pos int64) slot {
 	return slot{r.base, r.strides, (pos - r.first) * r.strides[l.spec.Dim]}
 }
 
 // stepped copies k slices into region dst from padded slice dpos on,
 // reading region src from slice spos on, step slices apart (0: the same
 // slice, -1: backwards).
-func (l layoutPlan) stepped(dst region, dpos, k int64, src region, spos, step int64) local {
+func (l layoutBuilder) stepped(dst region, dpos, k int64, src region, spos, step int64) local {
 	bx, do := l.box(dst, dpos, dpos+k)
 	_, so := l.box(src, spos, spos+1)
 	ss := slices.Clone(src.strides)
@@ -170,7 +170,7 @@ func (l layoutPlan) stepped(dst region, dpos, k int64, src region, spos, step in
 }
 
 // sliceOp copies (or with add, adds) one slice.
-func (l layoutPlan) sliceOp(dst, src slot, add bool) local {
+func (l layoutBuilder) sliceOp(dst, src slot, add bool) local {
 	sh := l.spec.haloShape(1)
 	return local{w: newWalk(sh, [][]int64{dst.strides, src.strides}, []int64{dst.off, src.off}), dst: dst.base, src: src.base,
 		elem: l.elem, dt: l.spec.DType, add: add}
@@ -178,7 +178,7 @@ func (l layoutPlan) sliceOp(dst, src slot, add bool) local {
 
 // stagedRegion allocates a staging buffer for k slices, a region whose
 // slice first is its first.
-func (l layoutPlan) stagedRegion(s *schedule, k, first int64) (region, error) {
+func (l layoutBuilder) stagedRegion(s *schedule, k, first int64) (region, error) {
 	bx := l.spec.haloShape(k)
 	base, err := l.stage(s, sliceElems(bx, l.spec.Dim)*k*int64(l.elem))
 	return region{base, bx, ContiguousStrides(bx), first}, err
@@ -237,7 +237,7 @@ type contribution struct {
 // in the forward, the copies and messages that fill this rank's slots and
 // those it is the source of; in the backward, the reverse messages and the
 // additions into grad_x, in torch's order.
-func (l layoutPlan) buildPadding(fside, bside [2]region, xr, gxr region, fops, bops *opList) error {
+func (l layoutBuilder) buildPadding(fside, bside [2]region, xr, gxr region, fops, bops *opList) error {
 	s, me := l.spec, l.inst.g.Rank()
 	L, n, off := s.Left, s.Shape[s.Dim], l.part.off[me]
 	if sliceElems(s.Shape, s.Dim) == 0 {
@@ -320,7 +320,7 @@ func (l layoutPlan) buildPadding(fside, bside [2]region, xr, gxr region, fops, b
 //     gradient, then (when T = 1) each right slot;
 //   - reflect: the left slot, the slice's own gradient, the right slot;
 //   - circular: the slice's own gradient, the right slot, the left slot.
-func (l layoutPlan) combinePadding(contrib map[int64][]contribution, gxr region) error {
+func (l layoutBuilder) combinePadding(contrib map[int64][]contribution, gxr region) error {
 	s, me := l.spec, l.inst.g.Rank()
 	L, R, T := s.Left, s.Right, l.part.total
 	off, n := l.part.off[me], s.Shape[s.Dim]

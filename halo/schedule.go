@@ -90,9 +90,9 @@ type region struct {
 	first   int64 // the padded slice that is slice 0 of this tensor
 }
 
-// layoutPlan is one layout of an instance as its schedules are built: its
+// layoutBuilder is one layout of an instance as its schedules are built: its
 // work goes into the instance's two schedules, its fixed bases from base0.
-type layoutPlan struct {
+type layoutBuilder struct {
 	inst  *instance
 	k     int
 	base0 int
@@ -116,7 +116,7 @@ func (in *instance) build() error {
 	f.ext, b.ext = make([]int64, f.fixed), make([]int64, b.fixed)
 	var fops, bops opList
 	for k := range in.specs {
-		l := layoutPlan{inst: in, k: k, base0: per * k, spec: &in.specs[k], part: in.parts[k], elem: in.specs[k].DType.Size()}
+		l := layoutBuilder{inst: in, k: k, base0: per * k, spec: &in.specs[k], part: in.parts[k], elem: in.specs[k].DType.Size()}
 		if err := l.build(&fops, &bops); err != nil {
 			return err
 		}
@@ -197,7 +197,7 @@ func (l *opList) add(op *transport.Op) {
 }
 
 // build adds layout l's work to both schedules.
-func (l layoutPlan) build(fops, bops *opList) error {
+func (l layoutBuilder) build(fops, bops *opList) error {
 	s, me := l.spec, l.inst.g.Rank()
 	L, R, n := s.Left, s.Right, s.Shape[s.Dim]
 	off := l.part.off[me]
@@ -307,14 +307,14 @@ func (l layoutPlan) build(fops, bops *opList) error {
 }
 
 // tags are the instance's message tags, forward and backward.
-func (l layoutPlan) tags() (fwd, bwd uint64) {
+func (l layoutBuilder) tags() (fwd, bwd uint64) {
 	g, id := l.inst.g, l.inst.ident
 	return g.tag(id, phaseForward), g.tag(id, phaseBackward)
 }
 
 // aliasOffset is the byte offset at which the unpadded tensor is the padded
 // one's interior, if their strides allow it, else -1.
-func (l layoutPlan) aliasOffset(inner, outer []int64) int64 {
+func (l layoutBuilder) aliasOffset(inner, outer []int64) int64 {
 	if !slices.Equal(inner, outer) {
 		return -1
 	}
@@ -323,20 +323,20 @@ func (l layoutPlan) aliasOffset(inner, outer []int64) int64 {
 
 // box returns the shape of the padded slices [lo, hi) within region r and
 // the element offset of the first of them.
-func (l layoutPlan) box(r region, lo, hi int64) ([]int64, int64) {
+func (l layoutBuilder) box(r region, lo, hi int64) ([]int64, int64) {
 	b := slices.Clone(r.shape)
 	b[l.spec.Dim] = hi - lo
 	return b, (lo - r.first) * r.strides[l.spec.Dim]
 }
 
 // oneOperand is a walk over the padded slices [lo, hi) of region r.
-func (l layoutPlan) oneOperand(r region, lo, hi int64) local {
+func (l layoutBuilder) oneOperand(r region, lo, hi int64) local {
 	bx, o := l.box(r, lo, hi)
 	return local{w: newWalk(bx, [][]int64{r.strides}, []int64{o}), dst: r.base, src: -1, elem: l.elem, dt: l.spec.DType}
 }
 
 // twoOperands is a walk over the padded slices [lo, hi) of both regions.
-func (l layoutPlan) twoOperands(dst, src region, lo, hi int64, layout int) local {
+func (l layoutBuilder) twoOperands(dst, src region, lo, hi int64, layout int) local {
 	bx, do := l.box(dst, lo, hi)
 	_, so := l.box(src, lo, hi)
 	return local{w: newWalk(bx, [][]int64{dst.strides, src.strides}, []int64{do, so}), dst: dst.base, src: src.base,
@@ -346,7 +346,7 @@ func (l layoutPlan) twoOperands(dst, src region, lo, hi int64, layout int) local
 // inPlace says whether a slab goes on the wire straight from or into the
 // caller's memory rather than through a staging buffer: the executor's
 // choice, since staging is its work; accumulate: what arrives is added.
-func (l layoutPlan) inPlace(w *walk, accumulate bool) (bool, error) {
+func (l layoutBuilder) inPlace(w *walk, accumulate bool) (bool, error) {
 	in, err := l.inst.exec.inPlace(w, l.elem, accumulate)
 	if err != nil {
 		return in, fmt.Errorf("%w: rank %d: plan %d: %v: make the tensors' strides keep dim %d's slices in fewer pieces (e.g. dim outermost)",
@@ -356,7 +356,7 @@ func (l layoutPlan) inPlace(w *walk, accumulate bool) (bool, error) {
 }
 
 // stage adds a staging buffer of bytes to s and returns its base.
-func (l layoutPlan) stage(s *schedule, bytes int64) (int, error) {
+func (l layoutBuilder) stage(s *schedule, bytes int64) (int, error) {
 	buf, err := l.inst.g.t.Alloc(int(bytes))
 	if err != nil {
 		return 0, fmt.Errorf("rank %d: staging buffer of %d bytes for plan %d: %w", l.inst.g.Rank(), bytes, l.inst.id, err)
@@ -366,7 +366,7 @@ func (l layoutPlan) stage(s *schedule, bytes int64) (int, error) {
 }
 
 // sendOp prepares the send of the padded slices [lo, hi) of region r.
-func (l layoutPlan) sendOp(s *schedule, r region, lo, hi int64, peer int, tag uint64) (*transport.Op, error) {
+func (l layoutBuilder) sendOp(s *schedule, r region, lo, hi int64, peer int, tag uint64) (*transport.Op, error) {
 	bx, o := l.box(r, lo, hi)
 	w := wireWalk(bx, [][]int64{r.strides}, []int64{o})
 	if w.runs() == 0 {
@@ -392,7 +392,7 @@ func (l layoutPlan) sendOp(s *schedule, r region, lo, hi int64, peer int, tag ui
 // recvOp prepares the receive of the padded slices [lo, hi) of region r: in
 // place, or into staging and then unpacked, or (accumulate) into staging and
 // then added.
-func (l layoutPlan) recvOp(s *schedule, r region, lo, hi int64, peer int, tag uint64, accumulate bool) (*transport.Op, error) {
+func (l layoutBuilder) recvOp(s *schedule, r region, lo, hi int64, peer int, tag uint64, accumulate bool) (*transport.Op, error) {
 	bx, o := l.box(r, lo, hi)
 	w := wireWalk(bx, [][]int64{r.strides}, []int64{o})
 	if w.runs() == 0 {

@@ -36,7 +36,7 @@ from ._lib import (
 )
 from ._cuda import cuda_path
 from ._inflight import Exchange, abort
-from ._layout import mark_sharded
+from ._shapes import mark_sharded
 from .exchange import cp_halo_exchange, cp_halo_exchange_start, halo_exchange_, halo_exchange_start_, halos, halos_start
 from .halo_sum import cp_halo_sum
 from .attention import cp_attention

@@ -54,7 +54,7 @@ from torch import Tensor
 from . import _inflight, _lib
 from ._route import HalosRoute, Route
 from ._comm import communicator
-from ._layout import dim_order, empty_in_order, outermost as _outermost, resized as _halo_shape
+from ._shapes import dim_order, empty_in_order, outermost as _outermost, resized as _halo_shape
 from ._lib import HaloError, halo_dtype
 
 DIRECT, STAGED = "direct", "staged"
@@ -252,15 +252,15 @@ class _Buffers:
                 b.record_stream(stream)
         return self._stream()
 
-    def _start(self, direction, *buffers) -> _inflight.Pending:
+    def _begin(self, direction, *buffers) -> _inflight.Pending:
         """Start the plan's exchange of the buffers, after the work queued
         so far: direct, ordered on the current stream (the caller is not
         blocked; for CPU tensors the host waits at the finish as well);
         staged, once the stream has run it, on the host."""
         if not self.direct:
             self._ready()
-            return _inflight.start(self.plan, direction, *buffers)
-        pending = _inflight.start(self.plan, direction, *buffers, stream=self._stream(),
+            return _inflight.begin(self.plan, direction, *buffers)
+        pending = _inflight.begin(self.plan, direction, *buffers, stream=self._stream(),
                                   waiter=lambda: self._waiting_stream(buffers), host_wait=not self.cuda)
         if self.plan is not self.agreed:
             # A plan's first exchange agrees on it with the other ranks, and
@@ -277,7 +277,7 @@ class _Buffers:
         return pending
 
     @torch.no_grad()  # buffers and results are the library's writes, not autograd's
-    def start_halos(self, x: Tensor) -> _inflight.Pending:
+    def begin_halos(self, x: Tensor) -> _inflight.Pending:
         """Start the forward exchange of x's slabs; finish_halos hands the
         halos over once it has finished."""
         if self.fwd is not None and not self.fwd.finished:
@@ -291,10 +291,10 @@ class _Buffers:
             self.lh.zero_()
             self.rh.zero_()
         try:
-            self.fwd = self._start(_inflight.FORWARD, self.x, self.lh, self.rh)
+            self.fwd = self._begin(_inflight.FORWARD, self.x, self.lh, self.rh)
         except _Refused:
             self._allocate(direct=False)
-            return self.start_halos(x)
+            return self.begin_halos(x)
         return self.fwd
 
     @torch.no_grad()
@@ -305,10 +305,10 @@ class _Buffers:
         self._copy(right, self.rh)
         self.fwd_read = self._reads_queued()
 
-    def start_into(self, x: Tensor, left: Tensor, right: Tensor, result):
-        """start_halos of x, and a finish() that writes the halos into left
+    def begin_into(self, x: Tensor, left: Tensor, right: Tensor, result):
+        """begin_halos of x, and a finish() that writes the halos into left
         and right (tensors on x's device) and returns result."""
-        pending = self.start_halos(x)
+        pending = self.begin_halos(x)
 
         def finish():
             self.finish_halos(left, right)
@@ -317,7 +317,7 @@ class _Buffers:
         return pending, finish
 
     @torch.no_grad()
-    def start_add(self, grad_left: Tensor, grad_right: Tensor, grad_x: Tensor):
+    def begin_add(self, grad_left: Tensor, grad_right: Tensor, grad_x: Tensor):
         """Start sending the halo gradients back; the returned finish() adds
         the neighbours' into grad_x (x's shape, on its device, holding the
         rest of x's gradient) once the exchange has finished, on the current
@@ -335,10 +335,10 @@ class _Buffers:
             for src, dst in slabs:
                 self._copy(dst, src)
         try:
-            pending = self._start(_inflight.BACKWARD, self.gl, self.gr, self.gx)
+            pending = self._begin(_inflight.BACKWARD, self.gl, self.gr, self.gx)
         except _Refused:
             self._allocate(direct=False)
-            return self.start_add(grad_left, grad_right, grad_x)
+            return self.begin_add(grad_left, grad_right, grad_x)
 
         @torch.no_grad()
         def finish():
@@ -365,8 +365,8 @@ class _Buffers:
         self.bwd_read = self._reads_queued()
 
     def add_grads(self, grad_left: Tensor, grad_right: Tensor, grad_x: Tensor) -> None:
-        """start_add and its finish, blocking."""
-        pending, finish = self.start_add(grad_left, grad_right, grad_x)
+        """begin_add and its finish, blocking."""
+        pending, finish = self.begin_add(grad_left, grad_right, grad_x)
         pending.finish(block=True)
         finish()
 
@@ -434,7 +434,7 @@ def _new_buffers(comm, x: Tensor, left, right, dim, padding_mode) -> _Buffers:
             # A CUDA plan's creation refused the layout (a padding other
             # than zeros), from arguments every rank shares: all stage it.
             # A refusal that needs every rank's shard length comes from the
-            # plan's first exchange instead (_Buffers._start).
+            # plan's first exchange instead (_Buffers._begin).
             if e.code != _lib.ERR_INVALID_ARGUMENT:
                 raise
     return _Buffers(comm, x, left, right, dim, padding_mode, False)
@@ -460,7 +460,7 @@ class Copy(Route):
         d, L, n, R = lay.dim, lay.left, lay.n, lay.right
         out = _empty(self.out_fmt)
         out.narrow(d, L, n).copy_(x)
-        return lay.start_into(x, out.narrow(d, 0, L), out.narrow(d, L + n, R), out)
+        return lay.begin_into(x, out.narrow(d, 0, L), out.narrow(d, L + n, R), out)
 
     def backward(self, g: Tensor) -> Tensor:
         lay = self.lay
@@ -484,7 +484,7 @@ class InPlace(Route):
     def start(self, padded: Tensor):
         lay = self.lay
         d, L, n, R = lay.dim, lay.left, lay.n, lay.right
-        return lay.start_into(padded.narrow(d, L, n), padded.narrow(d, 0, L), padded.narrow(d, L + n, R), padded)
+        return lay.begin_into(padded.narrow(d, L, n), padded.narrow(d, 0, L), padded.narrow(d, L + n, R), padded)
 
     def backward(self, g: Tensor) -> Tensor:
         lay = self.lay
@@ -511,10 +511,10 @@ class Halos(HalosRoute):
 
     def start(self, x: Tensor):
         lh, rh = _empty(self.left_fmt), _empty(self.right_fmt)
-        return self.lay.start_into(x, lh, rh, (lh, rh))
+        return self.lay.begin_into(x, lh, rh, (lh, rh))
 
     def start_add(self, grad_left, grad_right, grad_x):
-        return self.lay.start_add(grad_left, grad_right, grad_x)
+        return self.lay.begin_add(grad_left, grad_right, grad_x)
 
     def zeros_like_x(self):
         return _empty(self.fmt).zero_()

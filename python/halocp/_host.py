@@ -16,7 +16,7 @@ from . import _inflight, _lib
 from ._route import HalosRoute, Route
 from ._lib import halo_dtype
 from ._inflight import FORWARD, BACKWARD
-from ._layout import dim_order, empty_in_order, in_strides, padded_shape, resized, strides_in_order
+from ._shapes import dim_order, empty_in_order, in_strides, padded_shape, resized, strides_in_order
 
 
 def _params(dtype, shape, dim, left, right, x_strides, out_strides, grad_strides, padding_mode):
@@ -45,19 +45,19 @@ class Copy(Route):
 
     def run(self, x: Tensor) -> Tensor:
         out = torch.empty_strided(self.out_shape, self.out_strides, dtype=self.dtype)
-        self.plan.run(FORWARD, x.data_ptr(), out.data_ptr())
+        self.plan.exchange(FORWARD, x.data_ptr(), out.data_ptr())
         return out
 
     def start(self, x: Tensor):
         out = torch.empty_strided(self.out_shape, self.out_strides, dtype=self.dtype)
-        return _inflight.start(self.plan, FORWARD, x, out), lambda: out
+        return _inflight.begin(self.plan, FORWARD, x, out), lambda: out
 
     def backward(self, grad_out: Tensor) -> Tensor:
         grad_out = in_strides(grad_out, self.out_strides)  # the usual gradient already is
         grad_x = torch.empty_strided(self.x_shape, self.x_strides, dtype=self.dtype)
         if self.comm.dropped:
             _inflight.settle(self.comm)
-        self.plan.run(BACKWARD, grad_out.data_ptr(), grad_x.data_ptr())
+        self.plan.exchange(BACKWARD, grad_out.data_ptr(), grad_x.data_ptr())
         return grad_x
 
 
@@ -95,11 +95,11 @@ class InPlace(Route):
                                               padding_mode))
 
     def run(self, padded: Tensor) -> Tensor:
-        self.plan.run(FORWARD, padded.data_ptr() + self.offset, padded.data_ptr())
+        self.plan.exchange(FORWARD, padded.data_ptr() + self.offset, padded.data_ptr())
         return padded
 
     def start(self, padded: Tensor):
-        pending = _inflight.start(self.plan, FORWARD, _Address(padded.data_ptr() + self.offset), padded)
+        pending = _inflight.begin(self.plan, FORWARD, _Address(padded.data_ptr() + self.offset), padded)
         return pending, lambda: padded
 
     def backward(self, grad_out: Tensor) -> Tensor:
@@ -109,7 +109,7 @@ class InPlace(Route):
         n = grad.shape[dim] - left - right
         if self.comm.dropped:
             _inflight.settle(self.comm)
-        self.plan.run(BACKWARD, grad_out.data_ptr(), grad.data_ptr() + self.grad_offset)
+        self.plan.exchange(BACKWARD, grad_out.data_ptr(), grad.data_ptr() + self.grad_offset)
         grad.narrow(dim, 0, left).zero_()
         grad.narrow(dim, left + n, right).zero_()
         return grad
@@ -151,7 +151,7 @@ class Halos(HalosRoute):
 
     def start(self, x: Tensor):
         lh, rh = self._halos()
-        return _inflight.start(self.plan, FORWARD, x, lh, rh), lambda: (lh, rh)
+        return _inflight.begin(self.plan, FORWARD, x, lh, rh), lambda: (lh, rh)
 
     def _grads(self, grad_left, grad_right, grad_x):
         # grad_x is added into in place: it has the plan's strides already.
@@ -161,7 +161,7 @@ class Halos(HalosRoute):
                 grad_right if grad_right.numel() == 0 else in_strides(grad_right, gr), grad_x)
 
     def start_add(self, grad_left, grad_right, grad_x):
-        return _inflight.start(self.plan, BACKWARD, *self._grads(grad_left, grad_right, grad_x)), _nothing
+        return _inflight.begin(self.plan, BACKWARD, *self._grads(grad_left, grad_right, grad_x)), _nothing
 
     def add(self, grad_left, grad_right, grad_x) -> None:
         _inflight.run(self.plan, BACKWARD, *self._grads(grad_left, grad_right, grad_x))

@@ -5,6 +5,10 @@ libhalo lets one exchange per plan and direction be in flight; until the
 wait (or test) that finishes it, the exchange owns its tensors: the library
 may still read the input and write the outputs. So everything here keeps
 those tensors, and the plan, alive until then, whatever the caller drops.
+
+Words: ``begin`` puts one library exchange in flight (a Pending; the
+C call is ``_lib.Plan.exchange_start``); a Route's ``start`` and the public
+``*_start`` forms make the caller's handle (an Exchange) over one.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ def run(plan, direction: int, *tensors) -> None:
     pointers in the header's order (_lib.Plan)."""
     if plan.comm.dropped:
         settle(plan.comm)
-    plan.run(direction, *[t.data_ptr() for t in tensors])
+    plan.exchange(direction, *[t.data_ptr() for t in tensors])
 
 
 class Pending:
@@ -96,7 +100,7 @@ class Pending:
         self.tensors = ()
 
 
-def start(plan, direction: int, *tensors, stream: int | None = None, waiter=None, host_wait=False) -> Pending:
+def begin(plan, direction: int, *tensors, stream: int | None = None, waiter=None, host_wait=False) -> Pending:
     """Start an exchange on plan in direction (FORWARD, BACKWARD), on the
     host or ordered on a stream (a _lib.stream_handle, with the
     waiter and host_wait of Pending); the returned Pending keeps plan and
@@ -104,7 +108,7 @@ def start(plan, direction: int, *tensors, stream: int | None = None, waiter=None
     comm = plan.comm
     if comm.dropped:
         settle(comm)
-    request = plan.start(direction, [t.data_ptr() for t in tensors], stream)
+    request = plan.exchange_start(direction, [t.data_ptr() for t in tensors], stream)
     return Pending(plan, direction, tensors, request, stream, waiter, host_wait)
 
 

@@ -416,7 +416,7 @@ class Plan:
         self._args = tuple((ctypes.c_void_p(self.handle), ctypes.c_int(d), address, ctypes.c_size_t(n), None)
                            for d in (DIR_FORWARD, DIR_BACKWARD))
 
-    def run(self, direction: int, *pointers: int) -> None:
+    def exchange(self, direction: int, *pointers: int) -> None:
         """halo_exchange in direction on the host, on the buffers'
         addresses (count of them): one C call per exchange."""
         with self.comm.lock:
@@ -425,8 +425,8 @@ class Plan:
             if rc:
                 raise error(rc, "halo_exchange")
 
-    def start(self, direction: int, pointers, stream: int | None = None) -> int:
-        """halo_exchange_start in direction on the buffers' addresses (run's),
+    def exchange_start(self, direction: int, pointers, stream: int | None = None) -> int:
+        """halo_exchange_start in direction on the buffers' addresses (exchange's),
         on the host (stream None) or ordered on a stream (a stream_handle);
         the request, for test, wait and free."""
         request = ctypes.c_void_p()

@@ -21,7 +21,7 @@ from torch import Tensor
 
 from . import _cuda, _host, _inflight, _lib
 from ._comm import communicator, group_token, token_group
-from ._layout import Like, dim_order, empty_in_order, is_compiling, padded_shape, resized as _halo_shape
+from ._shapes import Like, dim_order, empty_in_order, is_compiling, padded_shape, resized as _halo_shape
 from ._inflight import Exchange
 from ._route import Route
 from ._lib import HaloError
@@ -61,7 +61,7 @@ def _check_padded(padded: Tensor, left, right, dim, record: bool) -> None:
 
 
 _padding = _lib.padding_code
-# torch.compile's hooks (is_compiling: _layout's). The token is evaluated
+# torch.compile's hooks (is_compiling: _shapes's). The token is evaluated
 # while torch.compile traces, its result a constant of the graph.
 _token = getattr(getattr(torch, "compiler", None), "assume_constant_result", lambda f: f)(group_token)
 
@@ -162,7 +162,7 @@ def _attach(fn, t: Tensor, route, result, record: bool):
         return fn.apply(t, route, result if fn is _Halos else (result,))
 
 
-def _start(fn, t: Tensor, route, record: bool) -> Exchange:
+def _handle(fn, t: Tensor, route, record: bool) -> Exchange:
     """The started form of a Route: the exchange runs between start and
     wait, and the node is recorded by the wait."""
     pending, finish = route.start(t)
@@ -251,7 +251,7 @@ def cp_halo_exchange_start(x: Tensor, left_size: int, right_size: int, dim: int,
         return _finished(x)
     if x.is_neg():
         x = x.resolve_neg()
-    return _start(_Padded, x, route(COPY, x, left, right, dim, group, padding_mode), _recording(x))
+    return _handle(_Padded, x, route(COPY, x, left, right, dim, group, padding_mode), _recording(x))
 
 
 # ---------------------------------------------------------------- in place
@@ -303,7 +303,7 @@ def halo_exchange_start_(padded: Tensor, left_size: int, right_size: int, dim: i
         return _finished(padded)
     record = _recording(padded)
     _check_padded(padded, left, right, dim, record)
-    return _start(_InPlace, padded, route(IN_PLACE, padded, left, right, dim, group, padding_mode), record)
+    return _handle(_InPlace, padded, route(IN_PLACE, padded, left, right, dim, group, padding_mode), record)
 
 
 # -------------------------------------------------------------- halos only
@@ -347,7 +347,7 @@ def halos_start(x: Tensor, left_size: int, right_size: int, dim: int, group=None
         return _finished(_empty_halos(x, 0, 0, dim))
     if x.is_neg():
         x = x.resolve_neg()
-    return _start(_Halos, x, route(HALOS, x, left, right, dim, group, padding_mode), _recording(x))
+    return _handle(_Halos, x, route(HALOS, x, left, right, dim, group, padding_mode), _recording(x))
 
 
 # ------------------------------------------------------ for torch.compile

@@ -21,7 +21,7 @@ from torch import Tensor
 from . import _lib
 from ._lib import HaloError
 from ._sharding import world_and_rank
-from ._layout import Like, dim_order, in_strides, known, padded_shape, strides_in_order
+from ._shapes import Like, dim_order, in_strides, known, padded_shape, strides_in_order
 from .exchange import COPY, _check, _padding, _token, cp_halo_exchange, is_compiling, route
 
 __all__ = ["cp_halo_sum"]

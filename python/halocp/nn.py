@@ -21,7 +21,7 @@ from . import _lib
 from ._comm import token_group
 from ._lib import HaloError
 from ._sharding import distributed, world_and_rank
-from ._layout import (contiguous_strides as _contiguous_strides, dim_order, empty_in_order, in_strides, known,
+from ._shapes import (contiguous_strides as _contiguous_strides, dim_order, empty_in_order, in_strides, known,
                       result_dtype, strides_in_order)
 from .exchange import HALOS, _empty_halos, _token, cp_halo_exchange, halos, is_compiling, route
 from .tiles import TileGrid

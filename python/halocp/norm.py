@@ -48,7 +48,7 @@ from torch import Tensor
 
 from . import _lib
 from ._comm import token_group
-from ._layout import is_compiling, known
+from ._shapes import is_compiling, known
 from ._lib import HaloError
 from ._sharding import disagreement, world_and_rank
 from .exchange import _token

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from . import _lib
 from ._lib import HaloError
-from ._layout import is_compiling, result_dtype
+from ._shapes import is_compiling, result_dtype
 from ._sharding import distributed, world_and_rank
 from ._splits import split_and_lengths
 from .exchange import cp_halo_exchange

@@ -30,7 +30,7 @@ from torch import Tensor
 
 from . import _lib
 from ._comm import token_group
-from ._layout import dim_order, empty_in_order, in_strides, strides_in_order
+from ._shapes import dim_order, empty_in_order, in_strides, strides_in_order
 from ._lib import HaloError
 from ._sharding import disagreement, distributed, world_and_rank
 from ._splits import ShardTable

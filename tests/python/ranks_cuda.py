@@ -33,7 +33,7 @@ def _cuda_plan(memory_type, key):
     x, lh, rh = torch.empty(2, 4), torch.empty(2, 1), torch.empty(2, 1)
     p = _cuda.buffer_params(x, lh, rh, lh, rh, x, 1, 1, 1, memory_type)
     plan = halocp.communicator().plan(("test", key), lambda: p)
-    plan.run(_lib.DIR_FORWARD, x.data_ptr(), lh.data_ptr(), rh.data_ptr())
+    plan.exchange(_lib.DIR_FORWARD, x.data_ptr(), lh.data_ptr(), rh.data_ptr())
 
 
 def scenario_memory():

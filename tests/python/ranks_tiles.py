@@ -142,7 +142,7 @@ def scenario_formats():
 
 
 def dim_order(t):
-    return halocp._layout.dim_order(t)
+    return halocp._shapes.dim_order(t)
 
 
 def tiles_of(shape, sizes, coords, dims):

@@ -11,7 +11,7 @@ import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "python" / "halocp"
-LEAVES = ("_layout", "_route")
+LEAVES = ("_shapes", "_route")
 
 
 def _modules() -> dict[str, Path]:
