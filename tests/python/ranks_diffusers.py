@@ -42,6 +42,7 @@ SHIPPED_TOL = 2e-4
 # relative (a parameter gradient; the unsharded float32 model itself is off
 # by up to 4.1e-5), bf16 autocast at most 3.5x the unsharded model's error.
 F32_TOL, BF16_TOL = 5e-5, 1e-3
+REALIZATIONS = 3  # extra bf16 draws of the whole model's error (check_reduced)
 FLOAT32_BOUND = ("decoder.timestep_scale_multiplier",)
 
 # Each world size's splits, as the groups of `compression` frames per rank:
@@ -225,12 +226,24 @@ def check_reduced(build, shape_hw, tol, splits=GROUPS, whole_clip=lambda vae: No
         return (got - want).abs().max().item() / max(want.abs().max().item(), 1e-30) if want.numel() else 0.0
 
     reference, own = run(exact, x), run(whole, x)
+    # Under autocast the whole model's own error is itself a draw: two bf16
+    # runs on inputs a relative 1e-4 apart (the same answer to 1e-4, other
+    # roundings) differ in it by up to 10x on the gradients that cancel
+    # (HunyuanVideo's first conv bias: 0.05 to 0.60 over ten such runs). So
+    # the base is the worst of REALIZATIONS draws, not one.
+    draws = []
+    if autocast:
+        gen = torch.Generator().manual_seed(7)
+        for _ in range(REALIZATIONS):
+            whole.zero_grad(set_to_none=True)  # new grad tensors: own's stay as they were
+            draws.append(run(whole, x * (1 + 1e-4 * torch.randn(x.shape, generator=gen, dtype=x.dtype))))
     got = run(sharded, hd.shard_clip(x, split))
     what = f"{type(whole).__name__} {'bf16 autocast' if autocast else 'float32'} groups {groups}"
     worst = ratio = 0.0
     for key, want in reference.items():
         expect(got[key].dtype == own[key].dtype, f"{what}: {key}: dtype {got[key].dtype}, {own[key].dtype} unsharded")
-        err, base = error(got[key], local(key, want)), error(local(key, own[key]), local(key, want))
+        err = error(got[key], local(key, want))
+        base = max(error(local(key, o[key]), local(key, want)) for o in [own, *draws])
         parts = 2 * eps * spread.get(key, 0.0) / max(want.abs().max().item(), 1e-30) if want.numel() else 0.0
         if base > 1:  # zero within the precision (a key bias's gradient): its value is rounding,
             parts += 12 * base  # which the split changes (the ranks' parts cancel only once summed)
@@ -456,7 +469,7 @@ def scenario_reduced_more():
     """float32 for every other model (the first split of each world size);
     bf16 autocast for Wan (its zero-padded convs take the fused path, whose
     backward failed under autocast: float32 weights beside a bfloat16
-    gradient)."""
+    gradient), Mochi, HunyuanVideo and HunyuanVideo 1.5."""
     check_reduced(mochi(), (8, 8), F32_TOL)
     check_reduced(hunyuan_video(), (8, 8), F32_TOL, splits=SHORT_GROUPS)
     check_reduced(hunyuan_video15(), (8, 8), F32_TOL)
@@ -464,6 +477,9 @@ def scenario_reduced_more():
     check_reduced(ltx2(decoder_causal=False), (8, 8), F32_TOL, decode_args=ltx2_temb)
     check_reduced(allegro(), (8, 8), F32_TOL, whole_clip=one_tile, frames_dim=1, splits=ALLEGRO_GROUPS)
     check_reduced(wan(), (8, 8), BF16_TOL, autocast=True)
+    check_reduced(mochi(), (8, 8), BF16_TOL, autocast=True)
+    check_reduced(hunyuan_video(), (8, 8), BF16_TOL, splits=SHORT_GROUPS, autocast=True)
+    check_reduced(hunyuan_video15(), (8, 8), BF16_TOL, autocast=True)
 
 
 def mochi(**config):
