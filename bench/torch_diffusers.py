@@ -90,18 +90,67 @@ def wan(torch):
                             temperal_downsample=[False, True, True])
 
 
+def ltx2(torch):
+    from diffusers import AutoencoderKLLTX2Video
+
+    # (Its up blocks want their channels to change: equal ones fail in
+    # diffusers 0.42.1's timestep conditioning, unpatched.)
+    return AutoencoderKLLTX2Video(in_channels=3, out_channels=3, latent_channels=8, patch_size=1,
+                                  block_out_channels=(16, 32, 32), down_block_types=("LTX2VideoDownBlock3D",) * 3,
+                                  layers_per_block=(1, 1, 1, 1), spatio_temporal_scaling=(True, True, True),
+                                  downsample_type=("spatiotemporal", "temporal", "conv"),
+                                  decoder_block_out_channels=(16, 32, 64), decoder_layers_per_block=(1, 1, 1, 1),
+                                  decoder_spatio_temporal_scaling=(True, True, True),
+                                  decoder_inject_noise=(False,) * 4,
+                                  upsample_type=("spatiotemporal", "temporal", "spatiotemporal"),
+                                  upsample_residual=(True,) * 3, upsample_factor=(2, 2, 2),
+                                  timestep_conditioning=True, temporal_compression_ratio=8,
+                                  spatial_compression_ratio=4)
+
+
+def allegro(torch):
+    from diffusers import AutoencoderKLAllegro
+
+    # eval(): its temporal layers hold dropout of 0.1 whatever the config
+    return AutoencoderKLAllegro(block_out_channels=(16, 32, 32), down_block_types=("AllegroDownBlock3D",) * 3,
+                                up_block_types=("AllegroUpBlock3D",) * 3, temporal_downsample_blocks=(True, True, False),
+                                temporal_upsample_blocks=(False, True, True), latent_channels=8, layers_per_block=1,
+                                norm_num_groups=8, temporal_compression_ratio=4).eval()
+
+
 def _whole_clip(vae):
     """The reference computes the whole clip in one call, as the sharded
-    model does: no frame batches (CogVideoX), no temporal tiles (HunyuanVideo)."""
+    model does: no frame batches (CogVideoX), no temporal tiles (HunyuanVideo),
+    one tile the size of the clip (Allegro computes in tiles only)."""
     for name in ("num_sample_frames_batch_size", "num_latent_frames_batch_size"):
         if hasattr(vae, name):
             setattr(vae, name, 1 << 30)
     for name in ("use_framewise_encoding", "use_framewise_decoding"):
         if hasattr(vae, name) and type(vae).__name__ == "AutoencoderKLHunyuanVideo":
             setattr(vae, name, False)
+    if type(vae).__name__ == "AutoencoderKLAllegro":
+        vae.enable_tiling()
+        encode, decode = vae.tiled_encode, vae.tiled_decode
+        r, s = vae.config.temporal_compression_ratio, vae.spatial_compression_ratio
+
+        def tiled_encode(x):
+            vae.kernel = vae.stride = tuple(x.shape[2:])
+            return encode(x)
+
+        def tiled_decode(z):
+            vae.kernel = vae.stride = (z.shape[2] * r, z.shape[3] * s, z.shape[4] * s)
+            return decode(z)
+
+        vae.tiled_encode, vae.tiled_decode = tiled_encode, tiled_decode
 
 
-MODELS = {"ltx": ltx, "cogvideox": cogvideox, "mochi": mochi, "hunyuan_video": hunyuan_video, "wan": wan}
+MODELS = {"ltx": ltx, "cogvideox": cogvideox, "mochi": mochi, "hunyuan_video": hunyuan_video, "wan": wan,
+          "ltx2": ltx2, "allegro": allegro}
+# What some models' decode takes besides the latents (LTX-2's decoder is
+# timestep-conditioned), and where a decoded clip keeps its frames
+# (Allegro's decode gives (batch, frames, channels, h, w)).
+DECODE_ARGS = {"ltx2": lambda torch, z: (torch.full((z.shape[0],), 0.05, dtype=z.dtype),)}
+FRAMES_DIM = {"allegro": 1}
 
 
 class Phases:
@@ -116,7 +165,7 @@ class Phases:
         import halocp.norm as norm
 
         self.spent, self.on, self.inside = defaultdict(float), False, False
-        for name in ("run", "start", "wait", "test"):
+        for name in ("exchange", "exchange_start", "wait", "test"):
             self._wrap(lib.Plan, name, "exchanges")
         self._wrap(norm, "_gather", "norm collectives")
         self._wrap(splits.ShardTable, "rows", "shard tables", static=True)
@@ -180,28 +229,31 @@ def run_rank(args) -> int:
     whole = build(torch).float()
     sharded = hd.parallelize_vae(copy.deepcopy(whole))
     whole_clip(whole)
-    r = hd.temporal_compression(sharded)
-    split = hd.split_clip(1 + r * (args.latent_frames - 1), world, r)
+    r, first = hd.temporal_compression(sharded), hd.first_frame(sharded)
+    split = hd.split_clip(first + r * (args.latent_frames - first), world, r, first_frame=first)
     clip = torch.randn(1, 3, split.num_frames, args.size, args.size)
     x_local = hd.shard_clip(clip, split).contiguous()
+    extra = DECODE_ARGS.get(args.model, lambda torch, z: ())
+    frames_dim = FRAMES_DIM.get(args.model, 2)
+
+    def decode(model, latents):
+        with torch.no_grad():
+            return model.decode(latents, *extra(torch, latents)).sample
+
     with torch.no_grad():
         z = whole.encode(clip).latent_dist.mode()
     z_local = hd.shard_clip(z, split, latent=True).contiguous()
-    gy = torch.randn_like(clip)
+    gy = torch.randn_like(decode(whole, z))
     gz = torch.randn_like(z)
-    g_local = (hd.shard_clip(gz, split, latent=True).contiguous(), hd.shard_clip(gy, split).contiguous())
+    g_local = (hd.shard_clip(gz, split, latent=True).contiguous(), hd.shard_clip(gy, split, dim=frames_dim).contiguous())
 
     def train(model, x, grads):
         model.zero_grad(set_to_none=True)
         x = x.detach().requires_grad_()
         zz = model.encode(x).latent_dist.mode()
-        yy = model.decode(zz).sample
+        yy = model.decode(zz, *extra(torch, zz)).sample
         torch.autograd.backward((zz, yy), grads)
         return yy.detach()
-
-    def decode(model, latents):
-        with torch.no_grad():
-            return model.decode(latents).sample
 
     def variant(name, op, threads=None):
         one = name == "one-process"
@@ -223,7 +275,7 @@ def run_rank(args) -> int:
     want = [variant("one-process", "decode") if rank == 0 else None]
     dist.broadcast_object_list(want, 0)
     got = variant("halocp", "decode")
-    ref = hd.shard_clip(want[0], split)
+    ref = hd.shard_clip(want[0], split, dim=frames_dim)
     diff = float((got - ref).abs().max() / ref.abs().max()) if ref.numel() else 0.0
 
     memory = {}
