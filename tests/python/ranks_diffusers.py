@@ -469,7 +469,7 @@ def scenario_reduced_more():
     """float32 for every other model (the first split of each world size);
     bf16 autocast for Wan (its zero-padded convs take the fused path, whose
     backward failed under autocast: float32 weights beside a bfloat16
-    gradient), Mochi, HunyuanVideo and HunyuanVideo 1.5."""
+    gradient) and every other model."""
     check_reduced(mochi(), (8, 8), F32_TOL)
     check_reduced(hunyuan_video(), (8, 8), F32_TOL, splits=SHORT_GROUPS)
     check_reduced(hunyuan_video15(), (8, 8), F32_TOL)
@@ -480,6 +480,8 @@ def scenario_reduced_more():
     check_reduced(mochi(), (8, 8), BF16_TOL, autocast=True)
     check_reduced(hunyuan_video(), (8, 8), BF16_TOL, splits=SHORT_GROUPS, autocast=True)
     check_reduced(hunyuan_video15(), (8, 8), BF16_TOL, autocast=True)
+    check_reduced(ltx2(decoder_causal=False), (8, 8), BF16_TOL, decode_args=ltx2_temb, autocast=True)
+    check_reduced(allegro(), (8, 8), BF16_TOL, whole_clip=one_tile, frames_dim=1, splits=ALLEGRO_GROUPS, autocast=True)
 
 
 def mochi(**config):
