@@ -191,7 +191,15 @@ class Phases:
 OLD = {
     # halocp.nn._conv: a batch-of-one conv3d that torch would give slow_conv3d, as a batch of two halves
     "split": ("halocp.nn", "_takes_slow_conv3d", lambda *args: False),
+    # halocp.nn._split_once: a stride-1 conv's shard table at its first call only (the agreement)
+    "tables": ("halocp.nn", "_split_once", lambda layer, name, dim, group, row: _every_call_split(name, dim, group, row)),
 }
+
+
+def _every_call_split(*args):
+    import halocp._splits
+
+    return halocp._splits.split(*args)
 
 
 class undone:

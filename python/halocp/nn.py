@@ -399,6 +399,29 @@ def _conv(x, weight, bias, stride, padding, dilation, groups):
     return torch.cat([first, second.narrow(1, 2 * h - n_out, n_out - h)], 1).unsqueeze(0)
 
 
+def _split_once(layer, name, dim, group, row):
+    """_split, without the shard table once the ranks have agreed on this
+    layer's convolution along dim where this rank's length alone decides
+    its outputs: stride 1 and padding that keeps the count (every causal
+    and centred conv) give each rank as many outputs as inputs, from phase
+    0, so the table's one job left is the agreement, which a layer's
+    arguments keep. The agreed rows are remembered on the layer, so every
+    rank skips alike; a rank whose layer was changed since makes the table
+    alone and its peers' exchange then fails with ERR_MISMATCH (a plan's
+    identity), not a hang. One small collective less per conv and call:
+    10 of Mochi's decoder's 11."""
+    _, k, s, dil, pl, pr = row
+    if s != 1 or pl + pr != dil * (k - 1):
+        return _split(name, dim, group, row)
+    agreed = layer.__dict__.setdefault("_halocp_agreed", set())
+    key = (id(group), dim, *row[1:])  # an id, not the group: deepcopy copies the set
+    if key in agreed:
+        return 0, row[0]
+    out = _split(name, dim, group, row)
+    agreed.add(key)
+    return out
+
+
 def _sharded_conv(layer, x, pads, sharded, name=None):
     """layer's convolution of shard x: pads is (left, right) padding per
     spatial dim, sharded maps a spatial dim to the group it is sharded over
@@ -430,7 +453,7 @@ def _sharded_conv(layer, x, pads, sharded, name=None):
         x = _pad_locally(x, local, conv_padding, modes)
         places = [v for _, group, _, _, row in exchanges for v in (*row, *reversed(world_and_rank(group)))]
         return torch.ops.halocp.window_conv(x, layer.weight, layer.bias, torch.stack(splits), dims, *conv, places)
-    splits = [_split(name, dim, group, row) for dim, group, _, _, row in exchanges]
+    splits = [_split_once(layer, name, dim, group, row) for dim, group, _, _, row in exchanges]
     for dim, group, left, right, _ in exchanges:
         x = cp_halo_exchange(x, left, right, dim, group, modes[dim - 2])
     x = _pad_locally(x, local, conv_padding, modes)

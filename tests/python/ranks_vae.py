@@ -500,6 +500,43 @@ def scenario_conv_kernels():
         torch.set_num_threads(threads)
 
 
+def scenario_conv_agreed_once():
+    """A stride-1 conv that keeps the count (causal, centred) makes its
+    shard table once, to agree: its later calls, with other lengths on every
+    rank, need nothing of the others' (halocp.nn._split_once) and still give
+    the whole clip's outputs. A layer changed on one rank after that makes
+    the table alone: every rank fails with ERR_MISMATCH, none hangs."""
+    import torch.nn.functional as F
+
+    import halocp._splits as splits
+
+    calls, real = [0], splits.ShardTable.rows
+
+    def counted(group, row):
+        calls[0] += 1
+        return real(group, row)
+
+    splits.ShardTable.rows = staticmethod(counted)
+    try:
+        torch.manual_seed(5)
+        layer = halocp.nn.CausalConv3d(2, 3, 3, padding=1, temporal_padding_mode="replicate").double()
+        full = torch.nn.Conv3d(2, 3, 3, 1, (0, 1, 1), dtype=torch.float64)
+        full.load_state_dict(layer.state_dict())
+        for step, lengths in enumerate(([2, 3, 1, 2], [1, 0, 4, 2], [3, 3, 3, 3])):
+            lengths = lengths[:ranks.WORLD]
+            xg = torch.randn(1, 2, sum(lengths), 4, 4, dtype=torch.float64)
+            yg = full(F.pad(xg, (0, 0, 0, 0, 2, 0), "replicate"))
+            close(layer(shard(xg, lengths)), shard(yg, lengths), 1e-12, f"step {step}: output over {lengths}")
+        expect(calls[0] == 1, f"{calls[0]} shard tables for 3 calls of a stride-1 conv (want the first's alone)")
+    finally:
+        splits.ShardTable.rows = staticmethod(real)
+    if ranks.WORLD > 1:
+        if ranks.RANK == ranks.WORLD - 1:
+            layer.stride = (2, 1, 1)
+        ranks.raises(lambda: layer(torch.randn(1, 2, 4, 4, 4, dtype=torch.float64)), halocp.ERR_MISMATCH,
+                     "a conv changed on one rank after its agreement", within=15)
+
+
 def scenario_pooling():
     """AvgPool3d and MaxPool3d over a sharded T (CogVideoX's pairwise
     temporal average, padded, strided and dilated windows), uneven and

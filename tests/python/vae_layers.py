@@ -17,7 +17,7 @@ import pytest
 from launcher import expect_scenario, launch
 
 HERE = Path(__file__).resolve().parent
-SCENARIOS = ["halo_sum", "groupnorm", "norm_mismatch", "transpose", "subgroups", "temporal_padding", "conv_kernels",
+SCENARIOS = ["halo_sum", "groupnorm", "norm_mismatch", "transpose", "subgroups", "temporal_padding", "conv_kernels", "conv_agreed_once",
              "pooling", "vae", "attention"]
 
 
