@@ -22,7 +22,7 @@ HERE = Path(__file__).resolve().parent
 # One model per launch: LTX-Video on 2 ranks (uneven shards: where inductor
 # first failed), CogVideoX on 3 (the fewest frames on rank 0, an empty rank 1);
 # the other pairs by hand (docs/diffusers.md), to keep the compiling short.
-CASES = [("ltx", 2), ("cogvideox", 3)]
+CASES = [("ltx", 2), ("cogvideox", 3), ("wan", 2), ("mochi", 2), ("hunyuan_video", 2)]
 
 
 @pytest.mark.parametrize("model,world", CASES, ids=[f"{m}-W{w}" for m, w in CASES])

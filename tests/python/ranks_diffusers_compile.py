@@ -24,7 +24,7 @@ import torch._dynamo
 import halocp.diffusers as hd
 import ranks
 from ranks import expect
-from ranks_diffusers import LTX090, SHIPPED_TOL, _cogvideox, ltx, one_frame_batch
+from ranks_diffusers import LTX090, SHIPPED_TOL, _cogvideox, hunyuan_video, ltx, mochi, one_frame_batch, wan
 
 TOL = 1e-9
 BACKEND = next((a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--backend=")), "aot_eager")
@@ -131,6 +131,24 @@ def scenario_cogvideox():
     """CogVideoX: GroupNorm over time, the temporal average of pairs, the
     decoder's spatial norm and its doubling of frames."""
     check(_cogvideox, (8, 8), whole_clip=one_frame_batch)
+
+
+def scenario_wan():
+    """Wan 2.1: the frame check (an op: it reads every rank's length on the
+    host), the down-sampler's first frame kept, the up-sampler's doubling."""
+    check(wan(), (8, 8))
+
+
+def scenario_mochi():
+    """Mochi: the frame check, causal attention over time (cp_attention, an
+    op), the decoder's first r-1 frames dropped by rank 0."""
+    check(mochi(), (8, 8))
+
+
+def scenario_hunyuan_video():
+    """HunyuanVideo: the frame check, the mid-blocks' attention over every
+    (frame, h, w) token, causal by frame (cp_attention)."""
+    check(hunyuan_video(), (8, 8))
 
 
 if __name__ == "__main__":
