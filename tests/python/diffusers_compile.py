@@ -20,7 +20,8 @@ pytest.importorskip("diffusers")
 
 HERE = Path(__file__).resolve().parent
 # One model per launch: LTX-Video on 2 ranks (uneven shards: where inductor
-# first failed), CogVideoX on 3 (the fewest frames on rank 0, an empty rank 1);
+# first failed), CogVideoX on 3 (the fewest frames on rank 0, an empty rank 1),
+# Wan, Mochi and HunyuanVideo on 2 (their frame check and attention as ops);
 # the other pairs by hand (docs/diffusers.md), to keep the compiling short.
 CASES = [("ltx", 2), ("cogvideox", 3), ("wan", 2), ("mochi", 2), ("hunyuan_video", 2)]
 

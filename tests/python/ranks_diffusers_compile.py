@@ -135,8 +135,30 @@ def scenario_cogvideox():
 
 def scenario_wan():
     """Wan 2.1: the frame check (an op: it reads every rank's length on the
-    host), the down-sampler's first frame kept, the up-sampler's doubling."""
+    host), the down-sampler's first frame kept, the up-sampler's doubling;
+    and the compiled check refusing a bad shard on every rank alike."""
     check(wan(), (8, 8))
+    refused_compiled(wan())
+
+
+def refused_compiled(build):
+    """A compiled frame check (the op alone: a model's graph compiles for
+    minutes) refuses the last rank's frame too many, on every rank, as the
+    eager one does (ranks_diffusers.py's *_bad_shard, *_errors)."""
+    from halocp.diffusers import _convert as cv
+
+    vae = hd.parallelize_vae(build().double())
+    r = hd.temporal_compression(vae)
+    last = ranks.WORLD - 1
+    frames = (1 if ranks.RANK == 0 else r) + (ranks.RANK == last)
+    torch._dynamo.reset()
+    checked = torch.compile(lambda x: cv.check_frames(vae, x, False) * 2, backend=Counted(), fullgraph=True)
+    try:
+        checked(torch.zeros(1, 3, frames, 8, 8, dtype=torch.float64))
+    except hd.FrameCountError as e:
+        expect(f"rank {last} holds {(1 if last == 0 else r) + 1} frames" in str(e), str(e))
+    else:
+        raise ranks.Failure("the compiled frame check took a shard the split does not allow")
 
 
 def scenario_mochi():
