@@ -24,7 +24,8 @@ import torch._dynamo
 import halocp.diffusers as hd
 import ranks
 from ranks import expect
-from ranks_diffusers import LTX090, SHIPPED_TOL, _cogvideox, hunyuan_video, ltx, mochi, one_frame_batch, wan
+from ranks_diffusers import (LTX090, SHIPPED_TOL, WAN22, _cogvideox, hunyuan_video, hunyuan_video15, ltx, ltx2,
+                             ltx2_temb, mochi, one_frame_batch, wan)
 
 TOL = 1e-9
 BACKEND = next((a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--backend=")), "aot_eager")
@@ -139,6 +140,25 @@ def scenario_wan():
     and the compiled check refusing a bad shard on every rank alike."""
     check(wan(), (8, 8))
     refused_compiled(wan())
+
+
+def scenario_wan22():
+    """Wan 2.2's layout: the residual blocks' average and repeat shortcuts,
+    which treat the first frame apart (on 3 ranks rank 0 holds it alone,
+    rank 1 nothing); 2x2 patches."""
+    check(wan(**WAN22), (16, 16))
+
+
+def scenario_hunyuan_video15():
+    """HunyuanVideo 1.5: space-to-depth down-samplers and depth-to-space
+    up-samplers folding the first frame in space only, per-frame RMS norms,
+    its attention block (cp_attention)."""
+    check(hunyuan_video15(), (8, 8))
+
+
+def scenario_ltx2():
+    """LTX-2: LTX's blocks, its decoder centred and timestep-conditioned."""
+    check(ltx2(decoder_causal=False), (8, 8), decode_args=ltx2_temb)
 
 
 def refused_compiled(build):
