@@ -14,9 +14,11 @@ from torch import Tensor
 
 from . import _lib
 from ._lib import HaloError
+from ._comm import token_group
 from ._sharding import disagreement, world_and_rank
+from ._shapes import is_compiling
 from ._splits import ShardTable
-from .exchange import cp_halo_exchange
+from .exchange import _token, cp_halo_exchange
 
 __all__ = ["cp_attention"]
 
@@ -52,7 +54,11 @@ def cp_attention(query: Tensor, key: Tensor, value: Tensor, *, causal: bool = Fa
     (``ERR_INVALID_ARGUMENT``) on every rank, naming it; ranks that disagree
     on the shapes, the dtype, ``causal`` or ``tokens_per_frame``, or a shard
     that is not whole frames, ``ERR_MISMATCH`` on every rank.
+
+    Under torch.compile, one op (below).
     """
+    if is_compiling():
+        return torch.ops.halocp.attention(query, key, value, causal, int(tokens_per_frame), scale, _token(group))
     ok = query.dim() == key.dim() == value.dim() == 4 and query.shape[:3] == key.shape[:3] == value.shape[:3] \
         and query.shape[3] == key.shape[3] and query.dtype == key.dtype == value.dtype \
         and query.device == key.device == value.device and query.dtype in _DTYPES
@@ -91,3 +97,65 @@ def cp_attention(query: Tensor, key: Tensor, value: Tensor, *, causal: bool = Fa
         mask = mask & (at_key[None, :].div(f, rounding_mode="floor") <=
                        torch.arange(offset, offset + n, device=query.device)[:, None] // f)
     return F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scale)
+
+
+# ------------------------------------------------------ torch.library ops
+# For torch.compile (exchange.py says why ops): the shard table is read on
+# the host and sizes the halos (every rank's length), which a graph cannot
+# do, while the output's shape is the query's: the whole attention is one
+# op. Its backward op runs it again under autograd and takes its gradients,
+# exchanges included (the forward recomputed once, as under checkpointing);
+# every rank's backward makes the same exchanges in the same order.
+
+
+def _autograd_on():
+    """A guard under which autograd records again inside an op's
+    implementation: torch.library runs one with the autograd dispatch keys
+    excluded (its autograd wrapper's redispatch, below autograd), which
+    enable_grad alone does not undo."""
+    keys = torch._C._dispatch_tls_local_exclude_set()
+    for name in ("AutogradFunctionality", "AutogradOther", "AutogradNestedTensor"):
+        keys = keys.remove(getattr(torch._C.DispatchKey, name))
+    return torch._C._ForceDispatchKeyGuard(torch._C._dispatch_tls_local_include_set(), keys)
+
+
+@torch.library.custom_op("halocp::attention", mutates_args=())
+def _attention_op(query: Tensor, key: Tensor, value: Tensor, causal: bool, tokens_per_frame: int,
+                  scale: float | None, group: str) -> Tensor:
+    with torch.no_grad():
+        out = cp_attention(query, key, value, causal=causal, tokens_per_frame=tokens_per_frame, scale=scale,
+                           group=token_group(group))
+    return out.contiguous()
+
+
+@_attention_op.register_fake
+def _(query, key, value, causal, tokens_per_frame, scale, group):
+    return query.new_empty((*query.shape[:-1], value.shape[-1]))
+
+
+@torch.library.custom_op("halocp::attention_backward", mutates_args=())
+def _attention_backward_op(grad: Tensor, query: Tensor, key: Tensor, value: Tensor, causal: bool,
+                           tokens_per_frame: int, scale: float | None, group: str) -> list[Tensor]:
+    inputs = [t.detach().requires_grad_() for t in (query, key, value)]
+    with _autograd_on(), torch.enable_grad():
+        out = cp_attention(*inputs, causal=causal, tokens_per_frame=tokens_per_frame, scale=scale,
+                           group=token_group(group))
+    grads = torch.autograd.grad(out, inputs, grad, allow_unused=True)
+    return [t.new_zeros(t.shape) if g is None else g.contiguous() for g, t in zip(grads, inputs)]
+
+
+@_attention_backward_op.register_fake
+def _(grad, query, key, value, causal, tokens_per_frame, scale, group):
+    return [t.new_empty(t.shape) for t in (query, key, value)]
+
+
+def _save_inputs(ctx, inputs, output):
+    ctx.save_for_backward(*inputs[:3])
+    ctx.args = inputs[3:]
+
+
+def _attention_grad(ctx, grad):
+    return (*torch.ops.halocp.attention_backward(grad, *ctx.saved_tensors, *ctx.args),) + (None,) * 4
+
+
+_attention_op.register_autograd(_attention_grad, setup_context=_save_inputs)

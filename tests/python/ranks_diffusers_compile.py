@@ -24,7 +24,8 @@ import torch._dynamo
 import halocp.diffusers as hd
 import ranks
 from ranks import expect
-from ranks_diffusers import LTX090, SHIPPED_TOL, _cogvideox, ltx, one_frame_batch
+from ranks_diffusers import (LTX090, SHIPPED_TOL, WAN22, _cogvideox, hunyuan_video, hunyuan_video15, ltx, ltx2,
+                             ltx2_temb, mochi, one_frame_batch, wan)
 
 TOL = 1e-9
 BACKEND = next((a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--backend=")), "aot_eager")
@@ -131,6 +132,65 @@ def scenario_cogvideox():
     """CogVideoX: GroupNorm over time, the temporal average of pairs, the
     decoder's spatial norm and its doubling of frames."""
     check(_cogvideox, (8, 8), whole_clip=one_frame_batch)
+
+
+def scenario_wan():
+    """Wan 2.1: the frame check (an op: it reads every rank's length on the
+    host), the down-sampler's first frame kept, the up-sampler's doubling;
+    and the compiled check refusing a bad shard on every rank alike."""
+    check(wan(), (8, 8))
+    refused_compiled(wan())
+
+
+def scenario_wan22():
+    """Wan 2.2's layout: the residual blocks' average and repeat shortcuts,
+    which treat the first frame apart (on 3 ranks rank 0 holds it alone,
+    rank 1 nothing); 2x2 patches."""
+    check(wan(**WAN22), (16, 16))
+
+
+def scenario_hunyuan_video15():
+    """HunyuanVideo 1.5: space-to-depth down-samplers and depth-to-space
+    up-samplers folding the first frame in space only, per-frame RMS norms,
+    its attention block (cp_attention)."""
+    check(hunyuan_video15(), (8, 8))
+
+
+def scenario_ltx2():
+    """LTX-2: LTX's blocks, its decoder centred and timestep-conditioned."""
+    check(ltx2(decoder_causal=False), (8, 8), decode_args=ltx2_temb)
+
+
+def refused_compiled(build):
+    """A compiled frame check (the op alone: a model's graph compiles for
+    minutes) refuses the last rank's frame too many, on every rank, as the
+    eager one does (ranks_diffusers.py's *_bad_shard, *_errors)."""
+    from halocp.diffusers import _convert as cv
+
+    vae = hd.parallelize_vae(build().double())
+    r = hd.temporal_compression(vae)
+    last = ranks.WORLD - 1
+    frames = (1 if ranks.RANK == 0 else r) + (ranks.RANK == last)
+    torch._dynamo.reset()
+    checked = torch.compile(lambda x: cv.check_frames(vae, x, False) * 2, backend=Counted(), fullgraph=True)
+    try:
+        checked(torch.zeros(1, 3, frames, 8, 8, dtype=torch.float64))
+    except hd.FrameCountError as e:
+        expect(f"rank {last} holds {(1 if last == 0 else r) + 1} frames" in str(e), str(e))
+    else:
+        raise ranks.Failure("the compiled frame check took a shard the split does not allow")
+
+
+def scenario_mochi():
+    """Mochi: the frame check, causal attention over time (cp_attention, an
+    op), the decoder's first r-1 frames dropped by rank 0."""
+    check(mochi(), (8, 8))
+
+
+def scenario_hunyuan_video():
+    """HunyuanVideo: the frame check, the mid-blocks' attention over every
+    (frame, h, w) token, causal by frame (cp_attention)."""
+    check(hunyuan_video(), (8, 8))
 
 
 if __name__ == "__main__":

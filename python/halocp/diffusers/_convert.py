@@ -7,8 +7,12 @@ from __future__ import annotations
 import types
 
 import torch
+from torch import Tensor
 
 from .. import _lib
+from .._comm import token_group
+from .._shapes import is_compiling
+from ..exchange import _token
 from .. import nn as cpnn
 from .._lib import HaloError
 from .._sharding import world_and_rank
@@ -179,33 +183,60 @@ def checked_calls(vae):
     encode, decode = type(vae)._encode, type(vae)._decode
 
     def _encode(self, x, *args, **kwargs):
-        check_frames(self, x, False)
-        return encode(self, x, *args, **kwargs)
+        return encode(self, check_frames(self, x, False), *args, **kwargs)
 
     def _decode(self, z, *args, **kwargs):
-        check_frames(self, z, True)
-        return decode(self, z, *args, **kwargs)
+        return decode(self, check_frames(self, z, True), *args, **kwargs)
 
     vae._encode, vae._decode = types.MethodType(_encode, vae), types.MethodType(_decode, vae)
 
 
 def check_frames(vae, x, latent, first_frame=True):
-    """Refuse, on every rank alike, a shard that the split does not allow:
-    rank 0 holds 1 + r*k0 frames (1 + k0 latent frames), rank i > 0 r*ki
-    (ki latent frames); without ``first_frame`` (a model that treats no frame
-    apart) every rank r*ki. Without this a wrong length would give wrong
-    frames, silently: the strided convs would still agree on some split. One
-    small exchange of every rank's length (the shard table)."""
+    """x, once its shard's frames are checked against the split: refused, on
+    every rank alike, where the split does not allow them: rank 0 holds
+    1 + r*k0 frames (1 + k0 latent frames), rank i > 0 r*ki (ki latent
+    frames); without ``first_frame`` (a model that treats no frame apart)
+    every rank r*ki. Without this a wrong length would give wrong frames,
+    silently: the strided convs would still agree on some split. One small
+    exchange of every rank's length (the shard table).
+
+    Under torch.compile the check is an op (the table is read on the host,
+    which a graph cannot) whose result is a copy of x that the model computes
+    on: a graph orders its exchanges by their data alone, so the check comes
+    before the model's first exchange on every rank, and is never dropped
+    as unused. The copy costs one pass over the input."""
     r = 1 if latent else vae.temporal_compression_ratio
+    if is_compiling():
+        return torch.ops.halocp.check_frames(x, _token(vae._halocp_group), type(vae).__name__, latent, r,
+                                             first_frame)
+    _check_frames(vae._halocp_group, x, type(vae).__name__, latent, r, first_frame)
+    return x
+
+
+def _check_frames(group, x, model, latent, r, first_frame):
     first = int(first_frame)
-    table = ShardTable.of(vae._halocp_group, [x.shape[2] if x.dim() == 5 else -1])
+    table = ShardTable.of(group, [x.shape[2] if x.dim() == 5 else -1])
     bad = [(i, n) for i, (n,) in enumerate(table) if n < first * (i == 0) or (n - first * (i == 0)) % r]
     if bad:
         what = "latent frames" if latent else "frames"
         rule = (f"every rank holds {r}*k {what} (k >= 0)" if not first_frame else
                 f"rank 0 holds 1 + {r}*k0 {what}, rank i > 0 {r}*ki (k >= 0)" if r > 1 else
                 "rank 0 holds at least one latent frame")
-        raise FrameCountError(_lib.ERR_INVALID_ARGUMENT, f"halocp.diffusers: {type(vae).__name__}."
+        raise FrameCountError(_lib.ERR_INVALID_ARGUMENT, f"halocp.diffusers: {model}."
                               f"{'decode' if latent else 'encode'}: " + "; ".join(
             f"rank {i} holds {n} {what}" if n >= 0 else f"rank {i}'s input is not (N, C, T, H, W)"
             for i, n in bad) + f": the split wants {rule} (split_clip)")
+
+
+@torch.library.custom_op("halocp::check_frames", mutates_args=())
+def _check_frames_op(x: Tensor, group: str, model: str, latent: bool, r: int, first_frame: bool) -> Tensor:
+    _check_frames(token_group(group), x, model, latent, r, first_frame)
+    return x.clone()  # an op's output never aliases its input
+
+
+@_check_frames_op.register_fake
+def _(x, group, model, latent, r, first_frame):
+    return torch.empty_like(x)
+
+
+_check_frames_op.register_autograd(lambda ctx, grad: (grad,) + (None,) * 5)

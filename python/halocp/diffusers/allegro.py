@@ -45,14 +45,14 @@ def _allegro_model(vae):
     # frame, as the tiled calls apply them. Bound to the model (a deepcopy
     # binds them to the copy).
     def _encode(self, x):
-        cv.check_frames(self, x, False, first_frame=False)
+        x = cv.check_frames(self, x, False, first_frame=False)
         if self.use_tiling:
             return self.tiled_encode(x)
         h = self.encoder(x)
         return cv.frames_3d(self.quant_conv(cv.frames_2d(h)), h.shape[0], h.shape[2])
 
     def _decode(self, z):
-        cv.check_frames(self, z, True, first_frame=False)
+        z = cv.check_frames(self, z, True, first_frame=False)
         if self.use_tiling:
             return self.tiled_decode(z)
         z = cv.frames_3d(self.post_quant_conv(cv.frames_2d(z)), z.shape[0], z.shape[2])

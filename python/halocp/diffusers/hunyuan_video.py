@@ -156,6 +156,9 @@ def _downsample15(m, group):
     pairs, which never straddle shards (rank 0 holds 1 + 2k frames, the
     others 2k). Rank 0 runs the model's forward; the others fold every frame
     in pairs."""
+    # (the model builds the flag from numpy: a Python bool, which dynamo
+    # can branch on)
+    m.add_temporal_downsample = bool(m.add_temporal_downsample)
 
     def forward(self, x):
         if not self.add_temporal_downsample or cv.holds_first_frame(group):
@@ -175,6 +178,7 @@ def _upsample15(m, group):
     two. Rank 0 runs the model's forward; the others unfold every frame in
     two, the shortcut repeated after the unfold, as the model does for the
     frames after the first."""
+    m.add_temporal_upsample = bool(m.add_temporal_upsample)  # (as _downsample15's)
 
     def forward(self, x):
         if not self.add_temporal_upsample or cv.holds_first_frame(group):

@@ -23,7 +23,7 @@ def _mochi_model(vae):
     cv.no_tiling(vae)
 
     def _encode(self, x):
-        cv.check_frames(self, x, latent=False)
+        x = cv.check_frames(self, x, latent=False)
         if self.use_tiling:
             return self.tiled_encode(x)
         return self.encoder(x)[0]
@@ -34,7 +34,7 @@ def _mochi_model(vae):
         # first r-1 decoded frames are rank 0's to drop.
         from diffusers.models.autoencoders.vae import DecoderOutput
 
-        cv.check_frames(self, z, latent=True)
+        z = cv.check_frames(self, z, latent=True)
         if self.use_tiling:
             return self.tiled_decode(z, return_dict=return_dict)
         dec, _ = self.decoder(z)

@@ -53,7 +53,7 @@ def _wan_model(vae):
     def _encode(self, x):
         if self.use_tiling:
             cv.refuse_tiling(self)
-        cv.check_frames(self, x, latent=False)
+        x = cv.check_frames(self, x, latent=False)
         if patch is not None:
             x = patchify(x, patch_size=patch)
         return self.quant_conv(self.encoder(x))
@@ -61,7 +61,7 @@ def _wan_model(vae):
     def _decode(self, z, return_dict=True):
         if self.use_tiling:
             cv.refuse_tiling(self)
-        cv.check_frames(self, z, latent=True)
+        z = cv.check_frames(self, z, latent=True)
         out = self.decoder(self.post_quant_conv(z))
         if patch is not None:
             out = unpatchify(out, patch_size=patch)
