@@ -23,7 +23,7 @@ sys.path.insert(0, str(REPO / "python"))
 import halocp.diffusers as hd  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
-SCENARIOS = ["ltx", "ltx_shipped", "ltx095", "ltx2", "ltx2_errors", "cogvideox", "reduced", "mochi", "mochi_shipped", "mochi_errors",
+SCENARIOS = ["ltx", "ltx_shipped", "ltx095", "ltx2", "ltx2_errors", "cogvideox", "ltx_cogvideox_bad_split", "reduced", "mochi", "mochi_shipped", "mochi_errors",
              "hunyuan_video", "hunyuan_video_bad_split", "hunyuan_video15",
              "wan", "wan22", "wan_bad_shard", "allegro", "allegro_errors", "reduced_more"]
 

@@ -659,6 +659,25 @@ def scenario_hunyuan_video_bad_split():
         vae.encode(torch.zeros(1, 3, frames, 8, 8, dtype=torch.float64))
 
 
+def scenario_ltx_cogvideox_bad_split():
+    """LTX-Video and CogVideoX check the split too (they gave latents of a
+    wrong length, silently): the last rank's shard one frame too long is
+    refused on every rank alike, naming it, in encode; a rank 0 without a
+    latent frame, in decode."""
+    import pytest
+
+    last = ranks.WORLD - 1
+    for build, r, name in ((ltx(**LTX090), 8, "AutoencoderKLLTXVideo"), (_cogvideox, 4, "AutoencoderKLCogVideoX")):
+        vae = hd.parallelize_vae(build().double())
+        frames = (1 if ranks.RANK == 0 else r) + (ranks.RANK == last)
+        wrong = (1 if last == 0 else r) + 1
+        with pytest.raises(hd.FrameCountError, match=f"{name}.encode: rank {last} holds {wrong} frames: the split "
+                                                     "wants rank 0 holds 1 "):
+            vae.encode(torch.zeros(1, 3, frames, 8, 8, dtype=torch.float64))
+        with pytest.raises(hd.FrameCountError, match=f"{name}.decode: rank 0 holds 0 latent frames"):
+            vae.decode(torch.zeros(1, 4, 0 if ranks.RANK == 0 else 1, 2, 2, dtype=torch.float64))
+
+
 def scenario_hunyuan_video15():
     """HunyuanVideo 1.5: the same causal convs, space-to-depth down-sampling
     and depth-to-space up-sampling that fold the clip's first frame in space

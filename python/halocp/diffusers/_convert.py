@@ -15,6 +15,7 @@ from .._shapes import is_compiling
 from ..exchange import _token
 from .. import nn as cpnn
 from .._lib import HaloError
+from .split import temporal_compression
 from .._sharding import world_and_rank
 from .._splits import ShardTable
 
@@ -205,7 +206,9 @@ def check_frames(vae, x, latent, first_frame=True):
     on: a graph orders its exchanges by their data alone, so the check comes
     before the model's first exchange on every rank, and is never dropped
     as unused. The copy costs one pass over the input."""
-    r = 1 if latent else vae.temporal_compression_ratio
+    # (temporal_compression: CogVideoX holds it in its config alone, whose
+    # attribute access warns, which breaks a compiled graph)
+    r = 1 if latent else temporal_compression(vae)
     if is_compiling():
         return torch.ops.halocp.check_frames(x, _token(vae._halocp_group), type(vae).__name__, latent, r,
                                              first_frame)

@@ -16,6 +16,7 @@ def _cogvideox_model(vae):
     # One call of the encoder (decoder) covers the shard: no frame batches,
     # so no conv caches between them.
     vae.num_sample_frames_batch_size = vae.num_latent_frames_batch_size = 1 << 62
+    cv.checked_calls(vae)  # (without, a shard the split does not allow gave latents of a wrong length, silently)
 
 
 def _cog_causal_conv(m, group):

@@ -22,6 +22,7 @@ def _ltx_model(vae):
         raise NotImplementedError("halocp.diffusers: LTX-Video with patch_size_t != 1 (a temporal patch "
                                   "straddles shards)")
     cv.no_tiling(vae)
+    cv.checked_calls(vae)  # (without, a shard the split does not allow gave latents of a wrong length, silently)
 
 
 def _ltx_causal_conv(m, group):
