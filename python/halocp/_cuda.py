@@ -246,11 +246,12 @@ class _Buffers:
         that the stream uses them (a buffer dropped meanwhile, its cache
         entry evicted, is reused only once the stream has passed the
         exchange)."""
-        if self.cuda:
-            stream = torch.cuda.current_stream(self.device)
-            for b in buffers:
-                b.record_stream(stream)
-        return self._stream()
+        if not self.cuda:
+            return _FAKE_STREAM
+        stream = torch.cuda.current_stream(self.device)
+        for b in buffers:
+            b.record_stream(stream)
+        return _lib.stream_handle(stream.cuda_stream)
 
     def _begin(self, direction, *buffers) -> _inflight.Pending:
         """Start the plan's exchange of the buffers, after the work queued
