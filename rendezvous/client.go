@@ -229,9 +229,15 @@ func (c *call) allgather(ctx context.Context, payload []byte) ([][]byte, error) 
 		if errors.As(err, &e) && !e.Code.retryable() {
 			return nil, e
 		}
-		otherJob = nil
-		if errors.As(err, &e) && e.Code == CodeOtherJob {
+		var ne net.Error
+		switch {
+		case errors.As(err, &e) && e.Code == CodeOtherJob:
 			otherJob = e
+		case errors.As(err, &ne) && ne.Timeout() && !time.Now().Before(c.deadline):
+			// Cut off by our own deadline: that says nothing new about
+			// who serves the address.
+		default:
+			otherJob = nil
 		}
 		last = err
 		sleep := backoff/2 + rand.N(backoff/2+1)

@@ -71,16 +71,21 @@ func TestSecondClaimantFailsTheJob(t *testing.T) {
 // dialRetry connects to a server that is about to come up.
 func dialRetry(t *testing.T, addr string) *rawConn {
 	t.Helper()
-	for range 300 {
-		c, err := net.Dial("tcp", addr)
-		if err == nil {
+	waitListening(t, addr)
+	return dialRaw(t, addr)
+}
+
+// waitListening returns once something accepts connections on addr.
+func waitListening(t *testing.T, addr string) {
+	t.Helper()
+	for range 1000 {
+		if c, err := net.Dial("tcp", addr); err == nil {
 			c.Close()
-			return dialRaw(t, addr)
+			return
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
 	t.Fatalf("nobody listens on %s", addr)
-	return nil
 }
 
 // Two runs of one job id and attempt from different launches, interleaved

@@ -89,9 +89,12 @@ func TestHostRejectsOtherJobs(t *testing.T) {
 		hostErr <- err
 	}()
 	// A rank of another attempt is turned away for as long as the host
-	// serves (it waits for its own host until its deadline).
+	// serves (it waits for its own host until its deadline). It starts
+	// once the host listens: a budget spent before that (a loaded machine)
+	// would only say that nobody listened.
+	waitListening(t, addr)
 	stale := cfg
-	stale.Attempt, stale.Rank, stale.Timeout = "1", 1, 500*time.Millisecond
+	stale.Attempt, stale.Rank, stale.Timeout = "1", 1, time.Second
 	_, err := Allgather(context.Background(), stale, []byte("old"))
 	if !errors.Is(err, CodeOtherJob) || !strings.Contains(err.Error(), `serves the rendezvous of job "mine" attempt "2", not of job "mine" attempt "1"`) {
 		t.Errorf("stale attempt: err = %v", err)
@@ -134,5 +137,33 @@ func TestHostWaitsForStragglers(t *testing.T) {
 	}
 	if took := time.Since(start); took > 3*time.Second {
 		t.Errorf("host took %s", took)
+	}
+}
+
+// A rank turned away by another job's server, whose last try is then cut
+// off by its own deadline, still says whose server held the address.
+func TestOtherJobOutlastsOwnDeadline(t *testing.T) {
+	t.Parallel()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	go func() {
+		for n := 0; ; n++ {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close()
+			if n == 0 {
+				c.Write(AppendFrame(nil, &ErrorReply{Code: CodeOtherJob, Message: `serves job "theirs"`}))
+			} // later connections are accepted and never answered
+		}
+	}()
+	cfg := ClientConfig{Addr: l.Addr().String(), Token: testToken, Job: "mine", Rank: 1, Size: 2, Timeout: 700 * time.Millisecond}
+	_, err = Allgather(context.Background(), cfg, []byte("one"))
+	if !errors.Is(err, CodeOtherJob) || !strings.Contains(err.Error(), `still served another job after 700ms: serves job "theirs"`) {
+		t.Errorf("err = %v", err)
 	}
 }
